@@ -1,0 +1,156 @@
+"""`paritykit gate | info` (the command-line contract is in DESIGN.md).
+
+Exit codes of `gate`: 0 every selected check passed; 1 a parity failure (a crashed or hung rank
+included: that is a failure of the code under test); 2 the harness or environment could not run a
+check (unknown or missing check, `--device cuda` without a GPU, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from paritykit import known_issues
+from paritykit.errors import HarnessError, ParityError, RankFailure
+
+EXIT_OK, EXIT_PARITY_FAILURE, EXIT_HARNESS_ERROR = 0, 1, 2
+
+# The default gate must finish within minutes on a 2-core machine.
+DEFAULT_EXAMPLES = 4
+DEFAULT_WORLD_SIZES = (1, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except HarnessError as exc:
+        print(f"paritykit: error: {exc}", file=sys.stderr)
+        return EXIT_HARNESS_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from paritykit.checks import CHECK_MODULES
+
+    parser = argparse.ArgumentParser(prog="paritykit", description="Numerical-parity checks for TorchRec")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gate = sub.add_parser("gate", help="run the parity matrix and answer pass/fail")
+    gate.add_argument("--check", action="append", choices=list(CHECK_MODULES), help="a check to run (repeatable); default: all")
+    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    gate.add_argument("--world-size", type=_world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
+    gate.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, help="hypothesis examples per property")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--report", type=Path, default=None, metavar="DIR", help="write report.md, report.json, junit.xml here")
+    gate.add_argument("--known-issues", type=Path, default=known_issues.DEFAULT_FILE, metavar="FILE")
+    gate.add_argument("--strict", action="store_true", help="fail when a listed known issue no longer reproduces")
+    gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
+    gate.set_defaults(handler=run_gate)
+
+    info = sub.add_parser("info", help="print versions, device and available backends")
+    info.set_defaults(handler=run_info)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _world_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"world size must be N or N,M,...; got {text!r}") from None
+    bad = [s for s in sizes if not 1 <= s <= 8]
+    if bad:
+        raise argparse.ArgumentTypeError(f"world sizes must be between 1 and 8, got {bad}")
+    return sizes
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda was asked for, but torch sees no CUDA device on this machine")
+    return requested
+
+
+def environment() -> dict[str, str]:
+    import platform
+
+    import torch
+
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    env.update(known_issues.installed_versions())
+    env["cuda available"] = str(torch.cuda.is_available())
+    if torch.cuda.is_available():
+        env["cuda devices"] = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    import torch.distributed as dist
+
+    env["backends"] = ", ".join(b for b in ("gloo", "nccl", "mpi") if getattr(dist, f"is_{b}_available")())
+    return env
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from paritykit.checks import available_checks
+
+    for key, value in environment().items():
+        print(f"{key:<16} {value}")
+    print(f"{'checks':<16} {', '.join(available_checks())}")
+    return EXIT_OK
+
+
+def run_gate(args: argparse.Namespace) -> int:
+    from paritykit.checks import CHECK_MODULES, load_check
+    from paritykit.checks.base import GateConfig, PoolProvider
+    from paritykit.report import CaseResult, Report, render_terminal, write_report
+
+    device = resolve_device(args.device)
+    config = GateConfig(
+        device=device,
+        world_sizes=args.world_size or DEFAULT_WORLD_SIZES,
+        examples=args.examples,
+        seed=args.seed,
+        report_dir=args.report,
+        shrink=not args.no_shrink,
+    )
+    issues = known_issues.load(args.known_issues)
+    report = Report(environment=environment())
+    selected = args.check or list(CHECK_MODULES)
+    with PoolProvider(device=device) as pools:
+        for name in selected:
+            started = time.perf_counter()
+            print(f"paritykit gate: {name} ...", file=sys.stderr, flush=True)
+            try:
+                results = load_check(name).run(config, pools)
+            except HarnessError as exc:
+                results = [CaseResult(name, "<check>", "error", replay=config.replay(name), message=str(exc))]
+            except (ParityError, RankFailure) as exc:
+                results = [CaseResult(name, "<check>", "fail", replay=config.replay(name), message=str(exc))]
+            report.extend(results)
+            passed = sum(r.status == "pass" for r in results)
+            print(f"paritykit gate: {name} done in {time.perf_counter() - started:.1f}s: {passed}/{len(results)} passed", file=sys.stderr, flush=True)
+
+    report.cases, stale = known_issues.apply(report.cases, issues, known_issues.installed_versions())
+    for issue in stale:
+        report.notes.append(f"known issue no longer reproduces: {issue.check} {issue.case!r}: {issue.reason}")
+    print(render_terminal(report))
+    if args.report is not None:
+        for path in write_report(report, args.report):
+            print(f"wrote {path}")
+    code = report.exit_code()
+    if code == EXIT_OK and args.strict and stale:
+        return EXIT_PARITY_FAILURE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

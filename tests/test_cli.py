@@ -1,0 +1,79 @@
+"""The gate's command-line contract: exit codes 0/1/2, report files, known issues, --strict."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from paritykit import cli
+from paritykit.checks import CHECK_MODULES
+
+from stand_in_check import OUTCOME_ENV
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    monkeypatch.setitem(CHECK_MODULES, "stand-in", "stand_in_check")
+
+    def gate(outcome, *extra):
+        monkeypatch.setenv(OUTCOME_ENV, outcome)
+        return cli.main(["gate", "--check", "stand-in", "--known-issues", "/nonexistent", *extra])
+
+    return gate
+
+
+def test_gate_exit_codes(stand_in):
+    assert stand_in("pass") == 0
+    assert stand_in("fail") == 1
+    assert stand_in("harness-error") == 2
+
+
+def test_gate_writes_reports(stand_in, tmp_path, capsys):
+    assert stand_in("fail", "--report", str(tmp_path)) == 1
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [c["status"] for c in data["cases"]] == ["pass", "fail"]
+    assert "replay: paritykit gate --check stand-in" in capsys.readouterr().out
+    assert (tmp_path / "junit.xml").exists() and (tmp_path / "report.md").exists()
+
+
+def test_known_issue_does_not_fail_the_gate_and_stale_one_fails_under_strict(stand_in, tmp_path, monkeypatch):
+    listed = tmp_path / "known.toml"
+    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "case-*"\nreason = "listed"\nversions = { torch = "*" }\n')
+    monkeypatch.setenv(OUTCOME_ENV, "fail")
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed)]) == 0
+    monkeypatch.setenv(OUTCOME_ENV, "pass")
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed)]) == 0
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--strict"]) == 1
+
+
+def test_known_issue_for_other_versions_does_not_apply(stand_in, tmp_path, monkeypatch):
+    listed = tmp_path / "known.toml"
+    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "*"\nreason = "old"\nversions = { torch = "1.*" }\n')
+    monkeypatch.setenv(OUTCOME_ENV, "fail")
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed)]) == 1
+
+
+def test_unimplemented_check_exits_2_with_a_clear_message(monkeypatch, capsys):
+    monkeypatch.setitem(CHECK_MODULES, "future", "paritykit.checks.not_written_yet")
+    assert cli.main(["gate", "--check", "future"]) == 2
+    assert "check 'future' is not implemented" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the no-GPU path; this machine has CUDA")
+def test_cuda_without_gpu_exits_2(capsys):
+    assert cli.main(["gate", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_2():
+    with pytest.raises(SystemExit) as info:
+        cli.main(["gate", "--world-size", "0"])
+    assert info.value.code == 2
+
+
+def test_info_prints_versions_through_the_console_script():
+    out = subprocess.run([sys.executable, "-m", "paritykit.cli", "info"], capture_output=True, text=True, check=True).stdout
+    assert f"torch            {torch.__version__}" in out
+    assert "torchrec" in out and "backends" in out
