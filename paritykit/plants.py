@@ -13,18 +13,30 @@ from typing import Callable, ContextManager, Iterator
 
 # name -> factory of a context manager that applies the defect. Filled by paritykit.selftest.
 PLANTS: dict[str, Callable[[], ContextManager[None]]] = {}
+# name -> (the check expected to catch it, a one-line description), for the self-test table.
+PLANT_INFO: dict[str, tuple[str, str]] = {}
 
 _active: list[str] = []
 
 
-def register(name: str) -> Callable[[Callable[[], ContextManager[None]]], Callable[[], ContextManager[None]]]:
+def register(
+    name: str, *, check: str = "", description: str = ""
+) -> Callable[[Callable[[], ContextManager[None]]], Callable[[], ContextManager[None]]]:
     def decorator(factory: Callable[[], ContextManager[None]]) -> Callable[[], ContextManager[None]]:
         if name in PLANTS:
             raise ValueError(f"plant {name!r} registered twice")
         PLANTS[name] = factory
+        doc = (factory.__doc__ or "").strip()
+        PLANT_INFO[name] = (check, description or (doc.splitlines()[0] if doc else ""))
         return factory
 
     return decorator
+
+
+def catalog() -> dict[str, Callable[[], ContextManager[None]]]:
+    """Every registered plant, after importing the catalog modules."""
+    _load_catalog()
+    return dict(PLANTS)
 
 
 def active() -> tuple[str, ...]:
