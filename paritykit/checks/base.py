@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
@@ -94,13 +94,15 @@ def run_property(
     config: GateConfig,
     *,
     case_id: Callable[[Any], str] = repr,
+    explicit: tuple[Any, ...] = (),
 ) -> list[CaseResult]:
     """Run ``body(spec)`` for ``config.examples`` specs drawn from ``strategy``.
 
     Every example becomes a CaseResult. On a failure hypothesis shrinks to a minimal spec and
     the result for that minimal spec is the one reported as failing (with its replay string).
     ``body`` returns metrics, raises ParityError/RankFailure for a failure and
-    UnsupportedByTorchrec when torchrec refuses the configuration.
+    UnsupportedByTorchrec when torchrec refuses the configuration. ``explicit`` specs always run
+    first (the configurations a check must never skip, e.g. CW shards on ranks [0, 1, 0]).
     """
     results: dict[str, CaseResult] = {}
     failures: list[CaseResult] = []
@@ -136,6 +138,8 @@ def run_property(
             check, cid, "pass", replay=replay, metrics=metrics, duration_s=time.perf_counter() - started
         )
 
+    for spec in reversed(explicit):
+        property_ = example(spec)(property_)
     try:
         property_()
     except BaseException as exc:
