@@ -8,6 +8,7 @@ check (unknown or missing check, `--device cuda` without a GPU, bad arguments).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ DEFAULT_WORLD_SIZES = (1, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch logs an fx-tracing notice when torchrec is imported; it says nothing about the run.
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -49,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--strict", action="store_true", help="fail when a listed known issue no longer reproduces")
     gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
     gate.set_defaults(handler=run_gate)
+
+    selftest = sub.add_parser("selftest", help="show which check catches each planted bug, and count false alarms")
+    selftest.add_argument("--plant", action="append", help="a planted bug to run (repeatable); default: the whole catalog")
+    selftest.add_argument("--list", action="store_true", help="list the catalog and exit")
+    selftest.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    selftest.add_argument("--examples", type=_positive_int, default=3)
+    selftest.add_argument("--clean-seeds", type=int, default=2, help="clean runs of every check, one per seed (0: none)")
+    selftest.set_defaults(handler=run_selftest)
+
+    fixtures = sub.add_parser("fixtures", help="record or verify the golden fixtures")
+    fixtures.add_argument("action", choices=("record", "verify"))
+    fixtures.add_argument("--dir", type=Path, default=None, help="fixture directory (default: the repository's fixtures/)")
+    fixtures.set_defaults(handler=run_fixtures)
 
     info = sub.add_parser("info", help="print versions, device and available backends")
     info.set_defaults(handler=run_info)
@@ -150,6 +166,56 @@ def run_gate(args: argparse.Namespace) -> int:
     if code == EXIT_OK and args.strict and stale:
         return EXIT_PARITY_FAILURE
     return code
+
+
+def run_fixtures(args: argparse.Namespace) -> int:
+    from paritykit import fixtures
+    from paritykit.report import Report, render_terminal
+
+    directory = args.dir or fixtures.DEFAULT_DIR
+    if args.action == "record":
+        print(f"wrote {fixtures.record(directory)}")
+        return EXIT_OK
+    report = Report(cases=fixtures.verify(directory))
+    print(render_terminal(report))
+    return report.exit_code()
+
+
+def run_selftest(args: argparse.Namespace) -> int:
+    from paritykit import plants
+    from paritykit.checks.base import GateConfig, PoolProvider
+    from paritykit.selftest.runner import format_table, run_clean, run_plant
+
+    catalog = plants.catalog()
+    if args.list:
+        for name in sorted(catalog):
+            check, description = plants.PLANT_INFO[name]
+            print(f"{name:<32} {check:<10} {description}")
+        return EXIT_OK
+    names = args.plant or sorted(catalog)
+    unknown = [n for n in names if n not in catalog]
+    if unknown:
+        raise HarnessError(f"unknown planted bug(s) {unknown}; `paritykit selftest --list` shows the catalog")
+    device = resolve_device(args.device)
+    outcomes, clean_runs = [], []
+    with PoolProvider(device=device) as pools:
+        for name in names:
+            config = GateConfig(device=device, world_sizes=(2,), examples=args.examples, seed=0, shrink=False)
+            outcomes.append(run_plant(name, config, pools))
+            print(f"paritykit selftest: {name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
+        checks = sorted({plants.PLANT_INFO[n][0] for n in names})
+        for seed in range(args.clean_seeds):
+            for check in checks:
+                config = GateConfig(device=device, world_sizes=(2,), examples=args.examples, seed=seed, shrink=False)
+                clean_runs.append(run_clean(check, config, pools))
+    print(format_table(outcomes))
+    false_alarms = [case for run in clean_runs for case in run.false_alarms]
+    print(f"false alarms: {len(false_alarms)} in {sum(r.cases for r in clean_runs)} clean cases "
+          f"({len(clean_runs)} clean runs: checks {', '.join(checks)} x {args.clean_seeds} seeds)")
+    for case in false_alarms:
+        print(f"  [{case.status}] {case.check} :: {case.case_id}: {case.message.splitlines()[0] if case.message else ''}")
+    missed = [o for o in outcomes if o.verdict != "caught"]
+    return EXIT_PARITY_FAILURE if missed or false_alarms else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ CHECK_MODULES: dict[str, str] = {
     "cw-stitch": "paritykit.checks.cw_stitch",
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
+    "fixtures": "paritykit.checks.fixtures",
 }
 
 
