@@ -25,6 +25,7 @@ _EXPORTS = {
     "assert_pipeline_parity": "paritykit.checks.pipeline",
     "sync_guard": "paritykit.sync",
     "count_syncs": "paritykit.sync",
+    "on_host": "paritykit.sync",
 }
 
 __all__ = sorted(_EXPORTS)

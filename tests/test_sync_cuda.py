@@ -1,0 +1,89 @@
+"""The CUDA backend (CUDA-only: skipped with that reason on machines without a GPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from paritykit.sync import count_syncs, sync_guard
+from paritykit.sync_cuda import SYNC_WARNING, classify_source_line, profiler_sync_count
+
+pytestmark = pytest.mark.gpu
+
+
+def _reads(x: torch.Tensor) -> None:
+    for _ in range(3):  # a loop: Python would show a deduped warning once
+        x.sum().item()
+
+
+def test_every_sync_in_a_loop_is_counted_not_deduplicated():
+    x = torch.arange(8, device="cuda")
+    with count_syncs(backend="cuda") as rec:
+        _reads(x)
+    assert rec.total == 3
+    assert rec.by_kind == {"item": 3}
+
+
+def test_debug_mode_and_warning_filters_are_restored():
+    torch.cuda.set_sync_debug_mode("error")
+    filters_before = list(warnings.filters)
+    show_before = warnings.showwarning
+    try:
+        with count_syncs(backend="cuda"):
+            torch.arange(3, device="cuda").tolist()
+        assert torch.cuda.get_sync_debug_mode() == 2
+        assert warnings.filters == filters_before
+        assert warnings.showwarning is show_before
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_other_warnings_still_reach_the_previous_hook():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with count_syncs(backend="cuda") as rec:
+            warnings.warn("unrelated", UserWarning)
+            torch.arange(3, device="cuda").tolist()
+    assert rec.total == 1
+    assert [str(w.message) for w in seen] == ["unrelated"]
+    assert not any(SYNC_WARNING in str(w.message) for w in seen)
+
+
+def test_guard_over_budget_names_the_site_on_cuda():
+    from paritykit.errors import ParityError
+
+    x = torch.arange(4, device="cuda")
+    with pytest.raises(ParityError, match="test_sync_cuda.py"):
+        with sync_guard(max_syncs=0, backend="cuda"):
+            torch.nonzero(x)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: x.sum().item(),
+        lambda x: x.tolist(),
+        lambda x: x.cpu(),
+        lambda x: torch.nonzero(x),
+        lambda x: x[x > 1],
+        lambda x: torch.unique(x),
+        lambda x: bool(x[0]),
+    ],
+)
+def test_cuda_count_matches_profiler_sync_events_and_cpu_proxy(op):
+    x = torch.arange(6, device="cuda")
+    with count_syncs(backend="cuda") as cuda_rec:
+        op(x)
+    assert cuda_rec.total == profiler_sync_count(lambda: op(x))
+    with count_syncs(backend="cpu") as proxy_rec:
+        op(x.cpu())
+    assert proxy_rec.total == cuda_rec.total
+
+
+def test_classify_source_line_reads_the_kind_from_the_call():
+    # Pure Python, but only meaningful with the backend: kept with it.
+    assert classify_source_line("    n = x.sum().item()") == "item"
+    assert classify_source_line("torch.cuda.current_stream().synchronize()") == "stream-sync"
+    assert classify_source_line("y = f(x)") == "cuda-sync"
