@@ -21,8 +21,9 @@ The API other checks rely on (keep it stable; extend, don't rename):
 Weights are deterministic functions of (seed, table name), so every rank and the parent build the
 same numbers without communicating. Fused kernels get an EXACT_SGD optimizer applied inside backward;
 dense kernels (and data-parallel tables, which only have a dense kernel) are stepped by
-``sgd_step_dense_parameters``. Data-parallel gradients are averaged over ranks (DDP) while
-model-parallel gradients are summed, which a reference must mirror.
+``sgd_step_dense_parameters``. Data-parallel gradients are averaged over ranks (DDP), and so are
+model-parallel ones while torchrec's all-to-all gradient division is on (its default,
+``torchrec.distributed.comm_ops.get_gradient_division()``); a reference must mirror that.
 """
 
 from __future__ import annotations
