@@ -86,3 +86,9 @@ def rank_pool(request: pytest.FixtureRequest, _paritykit_pools):
     marker = request.node.get_closest_marker("world_size")
     world_size = marker.args[0] if marker is not None else 2
     return _paritykit_pools.get(world_size)
+
+
+@pytest.fixture
+def rank_pools(_paritykit_pools):
+    """The session's pools: ``rank_pools.get(n)`` for tests that span several world sizes."""
+    return _paritykit_pools

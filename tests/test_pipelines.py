@@ -1,0 +1,158 @@
+"""torchrec's train pipelines against a plain loop: the stream shim and the exact-parity promise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paritykit.checks.pipeline import assert_pipeline_parity, normalized_entropy
+from paritykit.errors import HarnessError, ParityError
+from paritykit.pipeline_models import DataSpec, ModelSpec, full_table
+from paritykit.pipelines import EXACT_PIPELINES, FUSED_PIPELINES, PipelineRun, RunSpec, run_pipeline
+from paritykit.stream_shim import stream_shim
+
+ALL_SHARDINGS = ("table_wise", "row_wise", "column_wise")
+
+
+def test_stream_shim_makes_cpu_record_stream_a_noop_and_restores_it():
+    tensor = torch.ones(3)
+    cpu_stream = torch.cpu.current_stream()
+    with pytest.raises(RuntimeError, match="unknown parameter type"):
+        tensor.record_stream(cpu_stream)
+    with stream_shim(force=True) as patched:
+        assert patched is True
+        assert tensor.record_stream(cpu_stream) is None
+    assert "record_stream" not in torch.Tensor.__dict__
+    with pytest.raises(RuntimeError, match="unknown parameter type"):
+        tensor.record_stream(cpu_stream)
+
+
+def test_stream_shim_gives_streamless_forwards_the_cpu_device_and_restores_the_class():
+    from torchrec.distributed.train_pipeline.runtime_forwards import BaseForward
+
+    original_init = BaseForward.__dict__["__init__"]
+    before = BaseForward("f", None, None, None, stream=None)
+    assert before._device == torch.device("cuda")  # what makes torchrec call torch.cuda on CPU
+    with stream_shim(force=True):
+        assert BaseForward("f", None, None, None, stream=None)._device == torch.device("cpu")
+    assert BaseForward.__dict__["__init__"] is original_init
+    assert BaseForward("f", None, None, None, stream=None)._device == torch.device("cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_stream_shim_patches_only_without_cuda():
+    with stream_shim() as patched:
+        assert patched is True
+
+
+def test_bad_specs_are_rejected_with_clear_errors():
+    with pytest.raises(ValueError, match="unknown pipeline 'fused'"):
+        RunSpec(pipeline="fused")
+    with pytest.raises(ValueError, match="sharding_types"):
+        ModelSpec(sharding_types=("diagonal",))
+    with pytest.raises(ValueError, match="fused_optimizer"):
+        ModelSpec(fused_optimizer="lamb")
+    with pytest.raises(ValueError, match="overlap_optimizer only applies"):
+        RunSpec(pipeline="sparse_dist", overlap_optimizer=True)
+    with pytest.raises(ValueError, match="num_batches"):
+        DataSpec(num_batches=-1)
+
+
+@pytest.mark.world_size(1)
+def test_unknown_pipeline_name_is_a_harness_error(rank_pool):
+    with pytest.raises(HarnessError, match="unknown pipeline"):
+        assert_pipeline_parity(rank_pool, RunSpec(), ["sparse-dist"])
+
+
+def test_normalized_entropy_of_a_coin_predicted_at_one_half_is_one():
+    import math
+
+    half = torch.full((2,), math.log(2.0), dtype=torch.float64)
+    run = PipelineRun(
+        spec=RunSpec(),
+        outputs=[torch.zeros(2, 2)] * 3,
+        losses=[half] * 3,
+        labels=[torch.tensor([[0.0, 1.0], [1.0, 0.0]])] * 3,
+        tables={},
+        dense={},
+        fused_state={},
+        dense_state={},
+    )
+    assert normalized_entropy(run) == pytest.approx(1.0, abs=1e-12)
+
+
+def _assert_training_moved_everything(run: PipelineRun, spec: RunSpec) -> None:
+    # Guards against a vacuous comparison: the state compared must actually have changed.
+    for key, table in run.tables.items():
+        name = key.split(".")[-2]
+        assert not torch.equal(table, full_table(spec.model, name)), f"{key} was never updated"
+    if spec.model.fused_optimizer != "sgd":
+        assert run.fused_state and all(v.abs().sum() > 0 for k, v in run.fused_state.items() if "momentum1" in k)
+    if spec.model.dense_optimizer == "adam":
+        assert any(k.endswith("exp_avg") for k in run.dense_state)
+
+
+@pytest.mark.world_size(1)
+def test_every_exact_pipeline_matches_the_plain_loop_bitwise_on_one_rank(rank_pool):
+    spec = RunSpec(
+        model=ModelSpec(sharding_types=ALL_SHARDINGS, fused_optimizer="rowwise_adagrad", dense_optimizer="adam"),
+        data=DataSpec(num_batches=5),
+    )
+    result = assert_pipeline_parity(rank_pool, spec, EXACT_PIPELINES)
+    assert set(result.runs) == {"plain", *EXACT_PIPELINES}
+    assert all(c.candidate_steps == 5 and c.max_output_diff == 0.0 for c in result.comparisons)
+    _assert_training_moved_everything(result.runs["plain"], spec)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("fused_optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
+def test_fused_and_sparse_dist_match_the_plain_loop_bitwise_on_two_ranks(rank_pool, fused_optimizer):
+    spec = RunSpec(
+        model=ModelSpec(sharding_types=ALL_SHARDINGS, fused_optimizer=fused_optimizer, dense_optimizer="sgd"),
+        data=DataSpec(num_batches=4, seed=1),
+    )
+    result = assert_pipeline_parity(rank_pool, spec, ("sparse_dist",) + FUSED_PIPELINES)
+    assert [c.final_diff["tables"] for c in result.comparisons] == [0.0] * (1 + len(FUSED_PIPELINES))
+    _assert_training_moved_everything(result.runs["plain"], spec)
+
+
+@pytest.mark.world_size(2)
+def test_torchrec_test_sparse_nn_matches_under_every_exact_pipeline(rank_pool):
+    spec = RunSpec(
+        model=ModelSpec(kind="test-sparse-nn", sharding_types=ALL_SHARDINGS, fused_optimizer="adagrad", dense_optimizer="adam"),
+        data=DataSpec(num_batches=4),
+    )
+    result = assert_pipeline_parity(rank_pool, spec, EXACT_PIPELINES)
+    assert len(result.comparisons) == len(EXACT_PIPELINES)
+    _assert_training_moved_everything(result.runs["plain"], spec)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("num_batches", [0, 1, 2])
+def test_fewer_batches_than_the_pipeline_depth_run_every_batch_once(rank_pool, num_batches):
+    spec = RunSpec(data=DataSpec(num_batches=num_batches, batch_size=2))
+    result = assert_pipeline_parity(rank_pool, spec, ("sparse_dist", "fused:data_dist", "fused:current:after_dd", "semi_sync"))
+    assert [run.steps for run in result.runs.values()] == [num_batches] * 5
+
+
+@pytest.mark.world_size(2)
+def test_per_step_records_have_one_row_per_rank(rank_pool):
+    run = run_pipeline(rank_pool, RunSpec(pipeline="fused:new", data=DataSpec(num_batches=3, batch_size=3)))
+    assert run.steps == 3
+    assert [tuple(o.shape) for o in run.outputs] == [(2, 3)] * 3
+    assert [tuple(loss.shape) for loss in run.losses] == [(2,)] * 3
+    # Ranks draw different data, so their predictions differ.
+    assert not torch.equal(run.outputs[0][0], run.outputs[0][1])
+
+
+@pytest.mark.world_size(2)
+def test_a_difference_in_final_state_is_reported_with_its_location(rank_pool):
+    from paritykit.checks.pipeline import assert_runs_identical
+
+    spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=2))
+    plain = run_pipeline(rank_pool, spec)
+    fused = run_pipeline(rank_pool, spec.with_pipeline("fused:data_dist"))
+    key = next(iter(fused.tables))
+    fused.tables[key][3, 1] += 1.0
+    with pytest.raises(ParityError, match=r"(?s)final state.*\['tables'\]\['" + key.replace(".", r"\.") + r"'\]\[3, 1\]"):
+        assert_runs_identical(plain, fused)

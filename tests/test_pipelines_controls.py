@@ -1,0 +1,108 @@
+"""Negative controls of the pipeline check, and TrainPipelineSemiSync's measured drift."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from paritykit import plants
+from paritykit.checks.pipeline import (
+    DEFAULT_SEMI_SYNC_BOUNDS,
+    SemiSyncBounds,
+    assert_pipeline_parity,
+    assert_runs_identical,
+    feature_processor_control,
+)
+from paritykit.errors import ParityError
+from paritykit.pipeline_models import DataSpec, ModelSpec
+from paritykit.pipelines import RunSpec, run_pipeline
+
+FP_SPEC = RunSpec(model=ModelSpec(feature_processor=True, sharding_types=("table_wise", "row_wise")), data=DataSpec(num_batches=4))
+
+
+@pytest.mark.world_size(2)
+def test_feature_processor_under_fused_pipeline_is_flagged_as_diverging(rank_pool):
+    message = feature_processor_control(rank_pool, FP_SPEC)
+    assert "fused:data_dist vs plain" in message and "per-step values differ" in message
+
+
+@pytest.mark.world_size(2)
+def test_feature_processor_in_cpu_program_order_matches_so_only_the_overlap_exposes_it(rank_pool):
+    # On CPU the optimizer always finishes before the next lookup: the hazard is invisible there.
+    plain = run_pipeline(rank_pool, FP_SPEC)
+    fused = run_pipeline(rank_pool, FP_SPEC.with_pipeline("fused:data_dist"))
+    assert_runs_identical(plain, fused)
+    # With the lookup on the current stream the GPU orders it after the optimizer: no hazard either.
+    current = run_pipeline(rank_pool, replace(FP_SPEC, pipeline="fused:current", overlap_optimizer=True))
+    assert_runs_identical(plain, current)
+
+
+@pytest.mark.world_size(2)
+def test_overlap_emulation_changes_nothing_for_a_model_without_feature_processor(rank_pool):
+    spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad", dense_optimizer="adam"), data=DataSpec(num_batches=4))
+    plain = run_pipeline(rank_pool, spec)
+    for pipeline in ("fused:data_dist", "fused:new:after_dd"):
+        assert_runs_identical(plain, run_pipeline(rank_pool, replace(spec, pipeline=pipeline, overlap_optimizer=True)))
+
+
+PLANT_CASES = [
+    ("skipped-zero-grad", ModelSpec(), ("sparse_dist",), r"(?s)sparse_dist vs plain: per-step values differ"),
+    ("stale-embedding-lookup", ModelSpec(), ("fused:data_dist",), r"(?s)fused:data_dist vs plain: per-step values differ"),
+    ("lost-optimizer-state", ModelSpec(fused_optimizer="adagrad"), ("fused:current",), r"(?s)fused:current vs plain: per-step values differ"),
+    ("dropped-last-batch", ModelSpec(), ("fused:data_dist:after_dd",), r"fused:data_dist:after_dd ran 3 steps but plain ran 4"),
+]
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("plant, model, pipelines, message", PLANT_CASES, ids=[c[0] for c in PLANT_CASES])
+def test_planted_pipeline_bug_is_caught(rank_pool, plant, model, pipelines, message):
+    spec = RunSpec(model=model, data=DataSpec(num_batches=4))
+    assert_pipeline_parity(rank_pool, spec, pipelines)  # clean run passes: the plant is what fails it
+    with plants.applied([plant]):
+        with pytest.raises(ParityError, match=message):
+            assert_pipeline_parity(rank_pool, spec, pipelines)
+
+
+@pytest.mark.world_size(2)
+def test_stale_lookup_plant_also_pushes_semi_sync_past_its_step_zero_promise_or_bounds(rank_pool):
+    spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=6))
+    clean = assert_pipeline_parity(rank_pool, spec, ("semi_sync",)).comparisons[0]
+    with plants.applied(["stale-embedding-lookup"]):
+        planted = assert_pipeline_parity(rank_pool, spec, ("semi_sync",), semi_sync_bounds=SemiSyncBounds(1e9, 1e9)).comparisons[0]
+    assert planted.max_output_diff > clean.max_output_diff
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("kind", ["dlrm", "test-sparse-nn"])
+def test_semi_sync_drift_is_nonzero_and_within_the_stated_bounds(rank_pool, kind):
+    spec = RunSpec(
+        model=ModelSpec(kind=kind, fused_optimizer="rowwise_adagrad", dense_optimizer="adam", sharding_types=("row_wise", "column_wise")),
+        data=DataSpec(num_batches=8),
+    )
+    comparison = assert_pipeline_parity(rank_pool, spec, ("semi_sync",)).comparisons[0]
+    assert comparison.output_diff[0] == 0.0  # nothing updated before step 0
+    assert 0.0 < comparison.max_output_diff <= DEFAULT_SEMI_SYNC_BOUNDS.max_output_drift
+    assert 0.0 < comparison.ne_difference <= DEFAULT_SEMI_SYNC_BOUNDS.max_ne_difference
+    assert comparison.final_diff["tables"] > 0.0
+
+
+@pytest.mark.world_size(2)
+def test_semi_sync_beyond_a_tight_bound_is_a_parity_error(rank_pool):
+    spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=5))
+    with pytest.raises(ParityError, match="semi_sync: prediction drift .* exceeds the bound 1e-09"):
+        assert_pipeline_parity(rank_pool, spec, ("semi_sync",), semi_sync_bounds=SemiSyncBounds(max_output_drift=1e-9))
+
+
+def test_plants_restore_torchrec_classes():
+    from torchrec.distributed.train_pipeline import train_pipelines as tp
+
+    before = {cls: cls.__dict__.get("progress") for cls in (tp.TrainPipelineBase, tp.TrainPipelineSparseDist, tp.TrainPipelineFusedSparseDist, tp.TrainPipelineSemiSync)}
+    lookup = tp._start_embedding_lookup
+    names = ["skipped-zero-grad", "dropped-last-batch", "stale-embedding-lookup", "lost-optimizer-state"]
+    with plants.applied(names):
+        assert tp.TrainPipelineFusedSparseDist.__dict__["progress"] is not before[tp.TrainPipelineFusedSparseDist]
+        assert tp._start_embedding_lookup is not lookup
+    assert {cls: cls.__dict__.get("progress") for cls in before} == before
+    assert tp._start_embedding_lookup is lookup
