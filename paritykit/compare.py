@@ -336,6 +336,12 @@ def _compare_kjt(actual: Any, expected: Any, path: str, policy: _Policy, out: li
     if keys_a != keys_e:
         out.append(Difference(path, "structure", _key_detail(keys_a, keys_e)))
         return
+    for side, value in (("actual", actual), ("expected", expected)):
+        # A malformed KJT (values not matching its lengths) cannot be split per key.
+        total = int(value.lengths().sum())
+        if value.values().numel() != total:
+            out.append(Difference(path, "structure", f"{side} KJT holds {value.values().numel()} values but its lengths sum to {total}"))
+            return
     vbe_a, vbe_e = actual.variable_stride_per_key(), expected.variable_stride_per_key()
     if vbe_a != vbe_e:
         out.append(Difference(path, "structure", f"variable stride per key {vbe_a} vs {vbe_e}"))

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch.nested._internal.nested_tensor import NestedTensor
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 VALUES_KEY = "values"
@@ -80,12 +81,11 @@ def kjt_to_td(kjt: KeyedJaggedTensor) -> TensorDict:
     if not keys:
         return TensorDict({}, batch_size=[], device=kjt.device())
     if kjt.variable_stride_per_key():
-        per_rank = kjt.stride_per_key_per_rank()
-        multi = [key for key, ranks in zip(keys, per_rank) if len(ranks) != 1]
-        if multi:
+        ranks = kjt._stride_per_key_per_rank.size(1)  # host metadata, rectangular: keys x ranks
+        if ranks != 1:
             raise ValueError(
-                f"kjt_to_td: keys {multi} have batch sizes from {len(per_rank[keys.index(multi[0])])} ranks "
-                "in stride_per_key_per_rank; a TensorDict holds one batch per feature"
+                f"kjt_to_td: keys {keys} have batch sizes from {ranks} ranks each in stride_per_key_per_rank "
+                f"({kjt.stride_per_key_per_rank()}); a TensorDict holds one batch per feature"
             )
     strides = kjt.stride_per_key()
     lengths = kjt.lengths()
@@ -134,21 +134,28 @@ def _read_feature(key: str, entry: object) -> _Feature:
         _check_weights_match(key, ids, weights)
     else:
         ids = _jagged(key, entry, None)
-    if ids.values().is_floating_point() or ids.values().is_complex() or ids.values().dtype == torch.bool:
-        raise TypeError(f"td_to_kjt: feature {key!r} has ids of dtype {ids.values().dtype}; ids must be integers")
+    # The inner tensors are read as attributes (as torchrec does): values()/offsets() are ops that
+    # go through the nested tensor's dispatch and cost more than the whole conversion otherwise.
+    values = ids._values
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise TypeError(f"td_to_kjt: feature {key!r} has ids of dtype {values.dtype}; ids must be integers")
     lengths = ids._lengths
     return _Feature(
         key=key,
-        values=ids.values(),
-        offsets=ids.offsets(),
+        values=values,
+        offsets=ids._offsets,
         lengths=lengths,
-        weights=None if weights is None else weights.values(),
-        batch_size=ids.size(0),
-        total_length=ids.values().size(0) if lengths is None else None,
+        weights=None if weights is None else weights._values,
+        batch_size=ids._offsets.size(0) - 1,
+        total_length=values.size(0) if lengths is None else None,
     )
 
 
 def _jagged(key: str, tensor: object, part: str | None) -> torch.Tensor:
+    # Only jagged-layout nested tensors are NestedTensor instances; checking the type is far
+    # cheaper than asking is_nested/layout, which dispatch through the nested tensor.
+    if isinstance(tensor, NestedTensor) and tensor._values.dim() == 1 and tensor._ragged_idx == 1:
+        return tensor
     where = f"feature {key!r}" if part is None else f"feature {key!r} ({part})"
     if not isinstance(tensor, torch.Tensor) or not tensor.is_nested:
         raise TypeError(
@@ -161,7 +168,7 @@ def _jagged(key: str, tensor: object, part: str | None) -> torch.Tensor:
             f"td_to_kjt: {where} is a nested tensor with layout {tensor.layout}; expected torch.jagged "
             "(e.g. torch.nested.nested_tensor(list(t.unbind()), layout=torch.jagged))"
         )
-    if tensor.dim() != 2 or tensor._ragged_idx != 1:
+    if tensor._values.dim() != 1 or tensor._ragged_idx != 1:
         raise ValueError(
             f"td_to_kjt: {where} has shape {tuple(tensor.shape)} (ragged dim {tensor._ragged_idx}); "
             "expected (batch, jagged) with one scalar per position"

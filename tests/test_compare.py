@@ -132,6 +132,12 @@ def test_kjt_stride_and_weights_presence_are_structure():
         assert_close(kjt([1, 2], [1, 1], weights=[0.5, 0.5]), kjt([1, 2], [1, 1]))
 
 
+def test_malformed_kjt_is_a_structure_difference_not_a_crash():
+    malformed = KeyedJaggedTensor(keys=["f1"], values=torch.arange(5), lengths=torch.tensor([1, 2]))
+    with pytest.raises(ParityError, match="actual KJT holds 5 values but its lengths sum to 3"):
+        assert_close(malformed, kjt([0, 1, 2], [1, 2], keys=("f1",)))
+
+
 def test_kjt_weight_difference_is_a_value_difference():
     with pytest.raises(ParityError, match=r"\[value\] kjt\['f2'\].weights"):
         assert_close(kjt([1, 2], [1, 1], weights=[0.5, 0.5]), kjt([1, 2], [1, 1], weights=[0.5, 0.25]))
