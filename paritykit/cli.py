@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -158,14 +159,22 @@ def run_gate(args: argparse.Namespace) -> int:
     report.cases, stale = known_issues.apply(report.cases, issues, known_issues.installed_versions())
     for issue in stale:
         report.notes.append(f"known issue no longer reproduces: {issue.check} {issue.case!r}: {issue.reason}")
-    print(render_terminal(report))
-    if args.report is not None:
-        for path in write_report(report, args.report):
-            print(f"wrote {path}")
+    if _is_reporting_rank():
+        print(render_terminal(report))
+        if args.report is not None:
+            for path in write_report(report, args.report):
+                print(f"wrote {path}")
     code = report.exit_code()
     if code == EXIT_OK and args.strict and stale:
         return EXIT_PARITY_FAILURE
     return code
+
+
+def _is_reporting_rank() -> bool:
+    """Under torchrun every rank runs the gate; rank 0 alone prints and writes the report."""
+    from paritykit.dist import launched_by_torchrun
+
+    return not launched_by_torchrun() or os.environ.get("RANK") == "0"
 
 
 def run_fixtures(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason on CPU-only machines")
-    config.addinivalue_line("markers", "world_size(n): the number of ranks the rank_pool fixture provides")
+    config.addinivalue_line("markers", "world_size(n, backend=None): the ranks (and process-group backend) the rank_pool fixture provides")
 
 
 def _cuda_available() -> bool:
@@ -82,10 +82,14 @@ def _paritykit_pools(paritykit_device: str):
 
 @pytest.fixture
 def rank_pool(request: pytest.FixtureRequest, _paritykit_pools):
-    """A RankPool of `world_size(n)` ranks (default 2), reused across tests of this worker."""
+    """A RankPool of `world_size(n)` ranks (default 2), reused across tests of this worker.
+
+    `@pytest.mark.world_size(n, backend="gloo")` picks the process-group backend too.
+    """
     marker = request.node.get_closest_marker("world_size")
     world_size = marker.args[0] if marker is not None else 2
-    return _paritykit_pools.get(world_size)
+    backend = marker.kwargs.get("backend") if marker is not None else None
+    return _paritykit_pools.get(world_size, backend=backend)
 
 
 @pytest.fixture

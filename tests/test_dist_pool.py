@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import random
 
@@ -17,22 +19,34 @@ from paritykit.errors import HarnessError
 PLANT_NAME = "test-dist-pool-flag"
 _plant_applied = False
 
-if PLANT_NAME not in plants.PLANTS:
 
-    @plants.register(PLANT_NAME)
-    def _flag_plant():
-        import contextlib
+@contextlib.contextmanager
+def _flag_plant():
+    global _plant_applied
+    _plant_applied = True
+    try:
+        yield
+    finally:
+        _plant_applied = False
 
-        @contextlib.contextmanager
-        def apply():
-            global _plant_applied
-            _plant_applied = True
-            try:
-                yield
-            finally:
-                _plant_applied = False
 
-        return apply()
+def _register_flag_plant():
+    if PLANT_NAME not in plants.PLANTS:
+        plants.register(PLANT_NAME, check="none: a test of paritykit.dist")(_flag_plant)
+
+
+# Ranks import this module to unpickle its functions: the plant must be known there as well.
+if multiprocessing.parent_process() is not None:
+    _register_flag_plant()
+
+
+@pytest.fixture
+def flag_plant():
+    """The test plant, registered in this process only for the test (the self-test lists all plants)."""
+    _register_flag_plant()
+    yield PLANT_NAME
+    plants.PLANTS.pop(PLANT_NAME, None)
+    plants.PLANT_INFO.pop(PLANT_NAME, None)
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +144,9 @@ def test_run_uses_the_pools_default_seed(pool):
     assert pool.run(draws)[0][0] == pool.run_seeded(pool.seed, draws)[0][0]
 
 
-def test_planted_bugs_active_in_the_caller_are_applied_on_every_rank(pool):
+def test_planted_bugs_active_in_the_caller_are_applied_on_every_rank(pool, flag_plant):
     assert pool.run(plant_seen) == [False, False]
-    with plants.applied([PLANT_NAME]):
+    with plants.applied([flag_plant]):
         assert pool.run(plant_seen) == [True, True]
     assert pool.run(plant_seen) == [False, False]
 
@@ -183,3 +197,20 @@ def _is_running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def cuda_rank_tensor():
+    value = torch.full((3,), float(dist.get_rank() + 1), device="cuda")
+    dist.all_reduce(value)
+    return value.device.index, value
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="CUDA-only test: an nccl pool needs 2 CUDA devices")
+def test_nccl_pool_puts_each_rank_on_its_own_gpu_and_returns_cpu_tensors():
+    with RankPool(2, device="cuda", preload=("torch",)) as pool:
+        assert pool.backend == "nccl"
+        results = pool.run(cuda_rank_tensor)
+    assert [index for index, _ in results] == [0, 1]
+    for _, tensor in results:
+        assert tensor.device.type == "cpu"
+        assert torch.equal(tensor, torch.full((3,), 3.0))

@@ -41,20 +41,24 @@ class GateConfig:
 
 
 class PoolProvider:
-    """Hands out one RankPool per (world size, device), kept for the whole gate run."""
+    """Hands out one pool of ranks per world size, kept for the whole gate run."""
 
     def __init__(self, device: str = "cpu", timeout: float = 120.0) -> None:
         self.device = device
         self.timeout = timeout
-        self._pools: dict[int, Any] = {}
+        self._pools: dict[tuple[int, str | None], Any] = {}
 
-    def get(self, world_size: int):
-        from paritykit.dist import RankPool
+    def get(self, world_size: int, backend: str | None = None):
+        """A local RankPool, or the launcher's ranks when running under torchrun.
 
-        pool = self._pools.get(world_size)
+        ``backend`` None means the device's default (gloo on CPU, nccl on CUDA).
+        """
+        from paritykit.dist import get_pool
+
+        pool = self._pools.get((world_size, backend))
         if pool is None:
-            pool = RankPool(world_size, device=self.device, timeout=self.timeout)
-            self._pools[world_size] = pool
+            pool = get_pool(world_size, device=self.device, backend=backend, timeout=self.timeout)
+            self._pools[(world_size, backend)] = pool
         return pool
 
     def close(self) -> None:

@@ -1,0 +1,11 @@
+"""Running a function on every rank: a pool of local rank processes, or the ranks of a torchrun launch.
+
+``get_pool(world_size, device)`` returns the right one; both expose ``run``, ``run_seeded``,
+``call``, ``pids``, ``wait_ready`` and ``close`` with the same meaning.
+"""
+
+from paritykit.dist.factory import get_pool
+from paritykit.dist.launcher import LauncherGroup, launched_by_torchrun
+from paritykit.dist.pool import RankPool
+
+__all__ = ["LauncherGroup", "RankPool", "get_pool", "launched_by_torchrun"]

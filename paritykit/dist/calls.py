@@ -1,0 +1,125 @@
+"""One call of a function on every rank: what travels to the ranks, and how a rank runs it.
+
+Shared by the spawned pool's workers and by the ranks of a torchrun launch, so both run a
+function the same way: planted bugs applied, every RNG seeded, per-call state restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import random
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from paritykit import plants
+from paritykit.errors import HarnessError, ParityError, UnsupportedByTorchrec
+
+DEFAULT_SEED = 0
+
+# Exception types that keep their meaning when they cross from a rank to the parent: a parity
+# failure stays a ParityError, a refused configuration stays UnsupportedByTorchrec.
+_KIND_BY_TYPE = ((ParityError, "parity"), (UnsupportedByTorchrec, "unsupported"), (HarnessError, "harness"))
+
+
+@dataclass
+class Call:
+    """A function call to run on every rank."""
+
+    call_id: int
+    fn: Callable[..., Any]
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    seed: int = DEFAULT_SEED
+    plants: tuple[str, ...] = ()
+    case: str | None = None
+
+    def describe(self) -> str:
+        name = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
+        case = f" case {self.case!r}" if self.case else ""
+        planted = f" plants {list(self.plants)}" if self.plants else ""
+        return f"call #{self.call_id} {name}{case} seed {self.seed}{planted}"
+
+
+@dataclass
+class RankError:
+    """An exception raised on one rank, as text (the exception object may not unpickle in the parent)."""
+
+    kind: str  # parity | unsupported | harness | exception
+    message: str
+    traceback: str
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed % 2**32)
+
+
+def rank_error_from(exc: BaseException) -> RankError:
+    kind = next((name for cls, name in _KIND_BY_TYPE if isinstance(exc, cls)), "exception")
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    return RankError(kind, f"{type(exc).__name__}: {exc}", text)
+
+
+def execute(call: Call) -> Any:
+    """Run ``call`` in this process with its seed and plants; restore what it may change."""
+    import torch
+
+    grad_enabled = torch.is_grad_enabled()
+    default_dtype = torch.get_default_dtype()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        # plants.applied loads the plant catalog (and torchrec with it): only pay that when needed.
+        with plants.applied(call.plants) if call.plants else contextlib.nullcontext():
+            seed_everything(call.seed)
+            return call.fn(*call.args, **call.kwargs)
+    finally:
+        torch.set_grad_enabled(grad_enabled)
+        torch.set_default_dtype(default_dtype)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+class _CpuPickler(pickle.Pickler):
+    """Pickles results with every tensor as a CPU copy, so the parent needs no device."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        import torch
+
+        self._tensor_type = torch.Tensor
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, self._tensor_type) and obj.device.type != "cpu":
+            return _cpu_tensor, (obj.detach().cpu(),)
+        return NotImplemented
+
+
+def _cpu_tensor(tensor: Any) -> Any:
+    return tensor
+
+
+def dumps_with_cpu_tensors(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    _CpuPickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def add_to_sys_path(entries: list[str]) -> None:
+    """Make the caller's import path visible here, so functions from test files unpickle."""
+    missing = [entry for entry in entries if entry not in sys.path]
+    if missing:
+        sys.path[:0] = missing

@@ -1,0 +1,131 @@
+"""The ranks of a torchrun launch (torch.distributed.elastic) behind RankPool's API.
+
+Under torchrun every rank runs the whole check script, so ``run(fn, ...)`` runs ``fn`` locally
+on each rank and gathers every rank's result with ``all_gather_object``: each rank gets the
+same list, in rank order, and control flow stays identical on all ranks (a failure on one rank
+raises on every rank). Reports should be written by the rank where ``is_reporting_rank`` is true.
+Crashes and hangs are the launcher's to handle: torchrun tears the launch down when a rank dies,
+and collectives give up after ``timeout``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import pickle
+from datetime import timedelta
+from typing import Any, Callable
+
+from paritykit import plants
+from paritykit.dist.calls import DEFAULT_SEED, Call, dumps_with_cpu_tensors, execute, rank_error_from
+from paritykit.dist.failures import FailedCall, RankOutcome
+from paritykit.errors import HarnessError
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def launched_by_torchrun() -> bool:
+    return all(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
+class LauncherGroup:
+    """The launcher's process group, used like a RankPool. Create through ``get_pool``."""
+
+    def __init__(self, backend: str | None = None, device: str | None = None, timeout: float = 600.0, *, seed: int = DEFAULT_SEED) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not launched_by_torchrun():
+            missing = [name for name in LAUNCHER_VARIABLES if name not in os.environ]
+            raise HarnessError(f"LauncherGroup needs a torchrun launch; missing environment variables {missing}")
+        self.rank = int(os.environ["RANK"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise HarnessError(f"LauncherGroup device must be 'cpu', 'cuda' or None, got {device!r}")
+        self.device = device
+        self.backend = backend or ("nccl" if device == "cuda" else "gloo")
+        self.timeout = float(timeout)
+        self.seed = seed
+        self.is_reporting_rank = self.rank == 0
+        self._call_ids = itertools.count(1)
+        if device == "cuda":
+            if torch.cuda.device_count() <= self.local_rank:
+                raise HarnessError(
+                    f"rank {self.rank} has LOCAL_RANK {self.local_rank} but this host has "
+                    f"{torch.cuda.device_count()} GPUs"
+                )
+            torch.cuda.set_device(self.local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.timeout))
+            atexit.register(_destroy_process_group)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        return self.call(fn, args, kwargs)
+
+    def run_seeded(self, seed: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        return self.call(fn, args, kwargs, seed=seed)
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        seed: int | None = None,
+        case: str | None = None,
+        timeout: float | None = None,
+        replay: str | None = None,
+    ) -> list[Any]:
+        """Same meaning as RankPool.call; ``timeout`` is the process group's, fixed at launch."""
+        import torch.distributed as dist
+
+        call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, plants.active(), case)
+        try:
+            reply = ("ok", execute(call))
+        except BaseException as exc:  # noqa: BLE001 - every rank must reach the gather below
+            reply = ("error", rank_error_from(exc))
+        try:
+            payload = dumps_with_cpu_tensors(reply)
+        except Exception as exc:  # noqa: BLE001
+            payload = pickle.dumps(("error", rank_error_from(exc)))
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, payload)
+        replies = [pickle.loads(data) for data in gathered]
+        if all(kind == "ok" for kind, _ in replies):
+            return [value for _, value in replies]
+        outcomes = [
+            RankOutcome(rank, "returned") if kind == "ok" else RankOutcome(rank, "raised", error=value)
+            for rank, (kind, value) in enumerate(replies)
+        ]
+        primary = next(o.rank for o in outcomes if o.state == "raised")
+        replay = replay or f"torchrun ... (rank {self.rank} of {self.world_size}) .call({call.describe()})"
+        raise FailedCall("exception", call.describe(), replay, outcomes, primary, self.timeout).to_exception()
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def wait_ready(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        """Nothing to stop: the launcher owns the ranks and the process group lives until exit."""
+
+    def __enter__(self) -> "LauncherGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LauncherGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,120 @@
+"""The loop each rank of a RankPool runs: join the process group once, then run calls until told to stop.
+
+Messages from the parent are pickled ``(sys_path, call_bytes)`` pairs, or empty bytes to stop.
+Replies are pickled tuples: ("ready", info), ("ok", call_id, result, dist_state),
+("error", call_id, RankError, dist_state) and ("init-error", RankError).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import os
+import pickle
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from paritykit.dist import lifeline as lifeline_mod
+from paritykit.dist.calls import add_to_sys_path, dumps_with_cpu_tensors, execute, rank_error_from
+
+# Sent by the parent to ask a rank for the Python stacks of all its threads.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
+@dataclass
+class WorkerSpec:
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    init_method: str
+    stack_file: str
+    owner_pid: int
+    arm_death_signal: bool
+    preload: tuple[str, ...]
+    timeout_s: float
+    num_threads: int
+
+
+def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides what happens.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.arm_death_signal:
+        lifeline_mod.arm_parent_death_signal(spec.owner_pid)
+    lifeline_mod.watch_lifeline(lifeline)
+    stack_file = open(spec.stack_file, "w", buffering=1)
+    # Fatal signals (SIGABRT, SIGSEGV...) write this rank's stack before it dies; the parent's
+    # dump signal writes it on request (hangs, or when a peer failed).
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
+
+    started = time.perf_counter()
+    try:
+        _init_process_group(spec)
+    except BaseException as exc:  # noqa: BLE001 - any failure to start is reported, not raised
+        conn.send_bytes(pickle.dumps(("init-error", rank_error_from(exc))))
+        return
+    conn.send_bytes(pickle.dumps(("ready", {"pid": os.getpid(), "startup_s": time.perf_counter() - started})))
+    _serve(conn)
+    _shutdown()
+
+
+def _init_process_group(spec: WorkerSpec) -> None:
+    for module in spec.preload:
+        importlib.import_module(module)
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if spec.device == "cuda":
+        torch.cuda.set_device(spec.rank)
+    else:
+        # Ranks share the machine's cores; more threads than that only thrash.
+        torch.set_num_threads(spec.num_threads)
+    dist.init_process_group(
+        spec.backend,
+        init_method=spec.init_method,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+
+
+def _serve(conn: Connection) -> None:
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except EOFError:
+            return
+        if not message:
+            return
+        sys_path, call_bytes = pickle.loads(message)
+        call_id = -1
+        try:
+            add_to_sys_path(sys_path)
+            call = pickle.loads(call_bytes)
+            call_id = call.call_id
+            reply = ("ok", call_id, execute(call), dist_state())
+            payload = dumps_with_cpu_tensors(reply)
+        except BaseException as exc:  # noqa: BLE001 - the parent decides; this rank stays up
+            payload = pickle.dumps(("error", call_id, rank_error_from(exc), dist_state()))
+        conn.send_bytes(payload)
+        del payload
+
+
+def dist_state() -> tuple[int, int]:
+    """What must agree across ranks for the pool to stay usable: sub-groups created so far."""
+    from torch.distributed import distributed_c10d
+
+    world = distributed_c10d._world
+    return (world.group_count, len(world.pg_map))
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
