@@ -402,19 +402,24 @@ def sgd_step_dense_parameters(sharded: nn.Module, learning_rate: float) -> int:
     Fused kernels have already stepped inside backward; their weights carry no gradient. Returns how
     many parameters were stepped.
     """
-    stepped = 0
+    # The sharded modules re-expose weights as TableBatchedEmbeddingSlice views of one TBE tensor per
+    # group; a slice's .grad is a view of that tensor's .grad, and setting one slice's .grad to None
+    # clears the gradient of every table in the group. So read every gradient first, step, then clear.
+    params: list[tuple[nn.Parameter, torch.Tensor]] = []
     seen: set[int] = set()
+    for submodule in sharded.modules():
+        for param in submodule._parameters.values():
+            if param is None or id(param) in seen:
+                continue
+            seen.add(id(param))
+            if param.grad is not None:
+                params.append((param, param.grad))
     with torch.no_grad():
-        for submodule in sharded.modules():
-            # The sharded modules re-expose weights as slices; the underlying Parameters hold the grads.
-            for param in submodule._parameters.values():
-                if param is None or id(param) in seen or param.grad is None:
-                    continue
-                seen.add(id(param))
-                param.add_(param.grad, alpha=-learning_rate)
-                param.grad = None
-                stepped += 1
-    return stepped
+        for param, grad in params:
+            param.add_(grad, alpha=-learning_rate)
+        for param, _ in params:
+            param.grad = None
+    return len(params)
 
 
 # ---------------------------------------------------------------- inputs

@@ -31,9 +31,6 @@ CW_SHARD_COUNTS = (2, 3, 4)
 BROKEN_ON_DEVICE: dict[tuple[str, str, str], str] = {
     ("cpu", "ec", "dense"): "sharded EC with the dense kernel on CPU returns pooled rows (split sizes do not match)",
     ("cpu", "ec", "data_parallel"): "a data-parallel table in a sharded EC on CPU returns pooled rows",
-    # Not yet attributed (torchrec or paritykit's dense SGD step): with the dense kernel a CW table
-    # whose shards all sit on one rank keeps its old weights after the step; forward is exact.
-    ("cpu", "ebc", "dense"): "dense-kernel EBC: a CW table with all shards on one rank is not updated by the step",
 }
 
 

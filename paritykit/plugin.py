@@ -84,6 +84,9 @@ def _paritykit_pools(paritykit_device: str):
 def rank_pool(request: pytest.FixtureRequest, _paritykit_pools):
     """A RankPool of `world_size(n)` ranks (default 2), reused across tests of this worker.
 
+    The pool is cached for the session, so it is safe inside @given tests; hypothesis still warns
+    about a function-scoped fixture there: suppress HealthCheck.function_scoped_fixture.
+
     `@pytest.mark.world_size(n, backend="gloo")` picks the process-group backend too.
     """
     marker = request.node.get_closest_marker("world_size")
@@ -92,7 +95,7 @@ def rank_pool(request: pytest.FixtureRequest, _paritykit_pools):
     return _paritykit_pools.get(world_size, backend=backend)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def rank_pools(_paritykit_pools):
     """The session's pools: ``rank_pools.get(n)`` for tests that span several world sizes."""
     return _paritykit_pools

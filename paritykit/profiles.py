@@ -19,7 +19,9 @@ PROFILE_EXAMPLES = {"dev": 5, "ci": 8, "release": 100}
 
 
 def register_profiles() -> None:
-    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # rank_pool is function-scoped only to read its marker; the pool itself lives for the session.
+    suppressed = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+    common = dict(deadline=None, suppress_health_check=suppressed)
     for name, examples in PROFILE_EXAMPLES.items():
         settings.register_profile(name, max_examples=examples, **common)
 

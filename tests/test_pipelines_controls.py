@@ -14,6 +14,7 @@ from paritykit.checks.pipeline import (
     assert_pipeline_parity,
     assert_runs_identical,
     feature_processor_control,
+    unsafe_configuration,
 )
 from paritykit.errors import ParityError
 from paritykit.pipeline_models import DataSpec, ModelSpec
@@ -106,3 +107,12 @@ def test_plants_restore_torchrec_classes():
         assert tp._start_embedding_lookup is not lookup
     assert {cls: cls.__dict__.get("progress") for cls in before} == before
     assert tp._start_embedding_lookup is lookup
+
+
+def test_unsafe_feature_processor_configuration_is_refused_before_anything_runs():
+    # No pool is needed: the refusal comes from the configuration alone.
+    with pytest.raises(ParityError, match=r"unsafe configuration: fused:new .* feature processor"):
+        assert_pipeline_parity(None, FP_SPEC, ("sparse_dist", "fused:new"))
+    assert unsafe_configuration(FP_SPEC, "fused:current") == ""
+    assert unsafe_configuration(FP_SPEC, "sparse_dist") == ""
+    assert unsafe_configuration(replace(FP_SPEC, model=ModelSpec()), "fused:data_dist") == ""

@@ -205,6 +205,27 @@ def _fmt_list(values: Iterable[float]) -> str:
     return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"
 
 
+def unsafe_configuration(spec: RunSpec, pipeline: str) -> str:
+    """Why ``pipeline`` is unsafe for ``spec``'s model, or "" when it is not known to be.
+
+    TrainPipelineFusedSparseDist looks up the next batch's embeddings while the optimizer step of
+    the current one runs; it relies on fused TBE having updated the tables in backward. A feature
+    processor's parameters (e.g. position weights) are updated by the optimizer step instead, so on
+    a GPU the overlapped lookup can read them before or after the update. On CPU everything runs in
+    program order, so equal numbers prove nothing; torchrec's own docstring names this case. A
+    lookup on the current stream ("fused:current*") is ordered after the optimizer and stays safe.
+    """
+    lookup_stream = PIPELINES[pipeline][1].get("emb_lookup_stream")
+    if spec.model.feature_processor and pipeline in FUSED_PIPELINES and lookup_stream != "current":
+        return (
+            f"unsafe configuration: {pipeline} (TrainPipelineFusedSparseDist, emb_lookup_stream={lookup_stream!r}) "
+            "with a feature processor: the next batch's lookup overlaps the optimizer step that updates the "
+            "feature processor's parameters, so its numbers depend on stream timing on a GPU. Use "
+            "emb_lookup_stream='current' or TrainPipelineSparseDist."
+        )
+    return ""
+
+
 def assert_pipeline_parity(
     pool: Any,
     spec: RunSpec | None = None,
@@ -212,18 +233,26 @@ def assert_pipeline_parity(
     *,
     semi_sync_bounds: SemiSyncBounds = DEFAULT_SEMI_SYNC_BOUNDS,
     report_dir: Path | str | None = None,
+    allow_unsafe: bool = False,
 ) -> PipelineParityResult:
     """Run ``spec`` through the plain loop and each of ``pipelines`` on ``pool``; assert parity.
 
     Exact pipelines (base, sparse_dist, fused:*) must match the plain loop bit for bit;
     ``semi_sync`` must stay within ``semi_sync_bounds``. Raises ParityError at the first pipeline
     that breaks its promise, after writing the report if ``report_dir`` is given.
+
+    A configuration known to be unsafe (see ``unsafe_configuration``) raises ParityError before
+    anything runs, because equal numbers here would not mean it is safe on a GPU; pass
+    ``allow_unsafe=True`` to measure it anyway.
     """
     spec = spec or RunSpec()
     names = list(dict.fromkeys(pipelines))
     unknown = [n for n in names if n not in ALL_PIPELINES]
     if unknown:
         raise HarnessError(f"unknown pipeline(s) {unknown}; choose from {', '.join(ALL_PIPELINES)}")
+    unsafe = [n for n in names if unsafe_configuration(spec, n)]
+    if unsafe and not allow_unsafe:
+        raise ParityError(unsafe_configuration(spec, unsafe[0]))
     result = PipelineParityResult(spec=spec, runs={})
     reference = run_pipeline(pool, spec.with_pipeline(REFERENCE))
     result.runs[REFERENCE] = reference

@@ -13,6 +13,7 @@ CATALOG_MODULES = {
     "paritykit.selftest.catalog_cw": "cw-stitch",
     "paritykit.selftest.catalog_pipeline": "pipeline",
     "paritykit.selftest.catalog_sync": "sync",
+    "paritykit.selftest.catalog_fixtures": "fixtures",
 }
 
 for _module in CATALOG_MODULES:

@@ -47,3 +47,27 @@ def cw_permute_inverted() -> Iterator[None]:
         yield
     finally:
         ShardedEmbeddingCollection._generate_permute_indices_per_feature = original
+
+
+@plants.register("wrong-pooling-mode")
+@contextlib.contextmanager
+def wrong_pooling_mode() -> Iterator[None]:
+    """Sharded EBC kernels pool MEAN tables with SUM (the pooling-type -> TBE mode mapping is wrong).
+
+    The unsharded module still averages, so sharded-vs-unsharded parity is what sees it.
+    """
+    import torchrec.distributed.batched_embedding_kernel as kernel
+    from torchrec.modules.embedding_configs import PoolingType
+
+    original = kernel.pooling_type_to_pooling_mode
+
+    def mean_becomes_sum(pooling_type, *args, **kwargs):
+        if pooling_type == PoolingType.MEAN:
+            pooling_type = PoolingType.SUM
+        return original(pooling_type, *args, **kwargs)
+
+    kernel.pooling_type_to_pooling_mode = mean_becomes_sum
+    try:
+        yield
+    finally:
+        kernel.pooling_type_to_pooling_mode = original

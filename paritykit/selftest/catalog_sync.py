@@ -30,3 +30,24 @@ def tolist_in_ebc_forward() -> Iterator[None]:
         yield
     finally:
         EmbeddingBagCollection.forward = original
+
+
+@plants.register("kjt-to-drops-non-blocking")
+@contextlib.contextmanager
+def kjt_to_drops_non_blocking() -> Iterator[None]:
+    """KeyedJaggedTensor.to ignores non_blocking=True: every host->device move of a batch blocks.
+
+    Numbers are unchanged; only the sync budget of the "build on host, move asynchronously" path sees it.
+    """
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    original = KeyedJaggedTensor.__dict__["to"]
+
+    def to_blocking(self, device, non_blocking=False, dtype=None):
+        return original(self, device, non_blocking=False, dtype=dtype)
+
+    KeyedJaggedTensor.to = to_blocking
+    try:
+        yield
+    finally:
+        KeyedJaggedTensor.to = original

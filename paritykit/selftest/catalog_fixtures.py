@@ -1,0 +1,43 @@
+"""Planted bugs that move the numbers on both sides of every comparison: only golden fixtures see them."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from paritykit import plants
+
+
+@plants.register("fp16-pooling-accumulation")
+@contextlib.contextmanager
+def fp16_pooling_accumulation() -> Iterator[None]:
+    """Embedding-bag pooling accumulates in float16 instead of float32 (then casts back).
+
+    The TensorDict and KJT paths go through the same kernel, so they still agree with each other.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    original = torch.nn.EmbeddingBag.forward
+
+    def forward_in_half(self, input, offsets=None, per_sample_weights=None):
+        pooled = F.embedding_bag(
+            input,
+            self.weight.half(),
+            offsets,
+            self.max_norm,
+            self.norm_type,
+            self.scale_grad_by_freq,
+            self.mode,
+            self.sparse,
+            None if per_sample_weights is None else per_sample_weights.half(),
+            self.include_last_offset,
+            self.padding_idx,
+        )
+        return pooled.float()
+
+    torch.nn.EmbeddingBag.forward = forward_in_half
+    try:
+        yield
+    finally:
+        torch.nn.EmbeddingBag.forward = original
