@@ -288,6 +288,21 @@ def run_sharded_case(pool: Any, case: ShardedCase) -> dict[str, Any]:
 # ---------------------------------------------------------------- the gate entry point
 
 
+def pinned_eager_cases() -> tuple[EagerCase, ...]:
+    """Cases every run covers before the random draws: a weighted EBC, a MEAN-pooled EBC with an
+    empty row and an empty feature, and an EC with a variable batch size, all through paritykit's
+    conversion (random draws at a few examples may miss each of them)."""
+    rows = ((2, 0, 1), (1, 3, 0), (0, 0, 0))
+    weighted = SparseBatch(keys=("f0", "f1", "f2"), lengths=rows, id_bounds=(NUM_EMBEDDINGS,) * 3, seed=11, weighted=True)
+    unweighted = SparseBatch(keys=("f0", "f1", "f2"), lengths=rows, id_bounds=(NUM_EMBEDDINGS,) * 3, seed=12)
+    variable = SparseBatch(keys=("f0", "f1"), lengths=((1, 2), (0, 3, 1)), id_bounds=(NUM_EMBEDDINGS,) * 2, seed=13)
+    return (
+        EagerCase("ebc", "SUM", "paritykit", "from_jagged_offsets", weighted),
+        EagerCase("ebc", "MEAN", "paritykit", "nested_tensor", unweighted),
+        EagerCase("ec", "SUM", "paritykit", "from_jagged_lengths", variable),
+    )
+
+
 def run(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     """The matrix: eager EBC/EC parity, then sharded parity at each of the config's world sizes."""
     if config.device != "cpu":
@@ -297,7 +312,7 @@ def run(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
                        message="td-kjt on CUDA needs fbgemm-gpu's CUDA build; only the CPU matrix runs here",
                        duration_s=time.perf_counter() - started)
         ]
-    results = run_property(NAME, eager_cases(), run_eager_case, config, case_id=_case_id)
+    results = run_property(NAME, eager_cases(), run_eager_case, config, case_id=_case_id, explicit=pinned_eager_cases())
     for world_size in config.world_sizes:
         pool = pools.get(world_size)
         results += run_property(

@@ -43,12 +43,19 @@ def run_plant(name: str, config: GateConfig, pools: PoolProvider) -> PlantOutcom
     failed = [r for r in results if r.status == "fail"]
     errors = [r for r in results if r.status == "error"]
     if failed:
-        verdict, evidence = "caught", failed[0].message.splitlines()[-1] if failed[0].message else failed[0].case_id
+        verdict, evidence = "caught", _headline(failed[0])
     elif errors:
         verdict, evidence = "error", errors[0].message.splitlines()[0]
     else:
         verdict, evidence = "missed", f"{len(results)} cases passed"
     return PlantOutcome(name, check, description, verdict, time.perf_counter() - started, evidence[:160])
+
+
+def _headline(case: CaseResult) -> str:
+    """The line of a failure that says what differed: a located difference if there is one."""
+    lines = [line.strip() for line in case.message.splitlines() if line.strip()]
+    located = [line for line in lines if line.startswith(("[value]", "[structure]"))]
+    return (located or lines or [case.case_id])[0]
 
 
 def run_clean(check: str, config: GateConfig, pools: PoolProvider) -> CleanRun:

@@ -1,0 +1,48 @@
+"""`paritykit selftest`: each planted bug is caught by the check aimed at it; the clean stack raises no alarm."""
+
+import pytest
+
+from paritykit import cli, plants
+from paritykit.profiles import profile_from_env
+
+# One cheap plant per check: what CI runs on every change. The release profile runs the catalog.
+FAST_SUBSET = (
+    "offsets-off-by-one",
+    "cw-permute-rank-order",
+    "skipped-zero-grad",
+    "tolist-in-ebc-forward",
+    "fp16-pooling-accumulation",
+)
+
+
+def test_catalog_has_at_least_twelve_plants_over_every_check():
+    catalog = plants.catalog()
+    checks = {plants.PLANT_INFO[name][0] for name in catalog}
+    assert len(catalog) >= 12
+    assert {"td-kjt", "cw-stitch", "pipeline", "sync"} <= checks
+    assert set(FAST_SUBSET) <= set(catalog)
+
+
+def test_fast_subset_is_caught_with_no_false_alarm(capsys):
+    args = ["selftest", "--examples", "2", "--clean-seeds", "1"]
+    for name in FAST_SUBSET:
+        args += ["--plant", name]
+    code = cli.main(args)
+    out = capsys.readouterr().out
+    assert f"kill rate: {len(FAST_SUBSET)}/{len(FAST_SUBSET)} (100%)" in out
+    assert "false alarms: 0 in" in out
+    assert code == 0
+
+
+def test_unknown_plant_is_a_harness_error(capsys):
+    assert cli.main(["selftest", "--plant", "no-such-bug"]) == 2
+    assert "unknown planted bug(s) ['no-such-bug']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(profile_from_env() != "release", reason="the full planted-bug catalog runs in the release profile (PARITYKIT_PROFILE=release)")
+def test_whole_catalog_is_caught_with_no_false_alarm(capsys):
+    code = cli.main(["selftest", "--examples", "3", "--clean-seeds", "3"])
+    out = capsys.readouterr().out
+    assert "false alarms: 0 in" in out
+    assert code == 0, out
