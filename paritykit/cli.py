@@ -8,7 +8,6 @@ check (unknown or missing check, `--device cuda` without a GPU, bad arguments).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from paritykit import known_issues
 from paritykit.errors import HarnessError, ParityError, RankFailure
+from paritykit.noise import quiet_known_noise
 
 EXIT_OK, EXIT_PARITY_FAILURE, EXIT_HARNESS_ERROR = 0, 1, 2
 
@@ -25,8 +25,7 @@ DEFAULT_WORLD_SIZES = (1, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    # torch logs an fx-tracing notice when torchrec is imported; it says nothing about the run.
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    quiet_known_noise()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -71,6 +71,11 @@ class ShardingCase:
         )
 
 
+def supported_on_device(device: str, module: str, name: str) -> bool:
+    """False for a (module, sharding type or kernel) combination known to fail inside torchrec on ``device``."""
+    return (device, module, name) not in BROKEN_ON_DEVICE
+
+
 def _supported(device: str, module: str, name: str) -> bool:
     return (device, module, name) not in BROKEN_ON_DEVICE
 

@@ -257,8 +257,13 @@ def sharded_rank_case(case: ShardedCase) -> dict[str, Any]:
 def sharded_cases(draw: st.DrawFn, world_size: int, module: str | None = None) -> ShardedCase:
     from paritykit.models import compute_kernels
 
+    from paritykit.plan_strategies import supported_on_device
+
     module = module or draw(st.sampled_from(("ebc", "ec")))
     shardings = SHARDINGS if module == "ebc" else ("table_wise", "row_wise", "column_wise", "data_parallel")
+    # Combinations that fail inside torchrec itself are run on purpose by the cw-stitch check's
+    # known-broken cases (reported against paritykit/known_issues.toml), not drawn here.
+    shardings = tuple(s for s in shardings if supported_on_device("cpu", module, s))
     sharding = draw(st.sampled_from(shardings))
     kernels = compute_kernels("cpu", sharding, module=module)
     # Sharded EC with the dense kernel fails on CPU in torchrec's own KJT route (output all-to-all

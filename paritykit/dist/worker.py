@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 
 from paritykit.dist import lifeline as lifeline_mod
 from paritykit.dist.calls import add_to_sys_path, dumps_with_cpu_tensors, execute, rank_error_from
+from paritykit.noise import quiet_known_noise
 
 # Sent by the parent to ask a rank for the Python stacks of all its threads.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -51,6 +52,7 @@ def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
 
     started = time.perf_counter()
+    quiet_known_noise()
     try:
         _init_process_group(spec)
     except BaseException as exc:  # noqa: BLE001 - any failure to start is reported, not raised

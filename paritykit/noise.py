@@ -1,0 +1,18 @@
+"""Silence output that every call would repeat and that says nothing about a result."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+
+def quiet_known_noise() -> None:
+    """torchrec's per-module INFO/WARNING logs, torch's fx-tracing notice, deprecation notices, and
+    fbgemm's note that its dense TBE lookup has no autograd kernel registered (repeated on every
+    backward; the gradients are what the parity checks compare). Failures keep their tracebacks."""
+    for name in ("torchrec", "torch.fx._symbolic_trace", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered.*")
+    warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
