@@ -125,7 +125,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_gate(args: argparse.Namespace) -> int:
-    from paritykit.checks import CHECK_MODULES, load_check
+    from paritykit.checks import CHECK_MODULES, run_check
     from paritykit.checks.base import GateConfig, PoolProvider
     from paritykit.report import CaseResult, Report, render_terminal, write_report
 
@@ -146,7 +146,7 @@ def run_gate(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             print(f"paritykit gate: {name} ...", file=sys.stderr, flush=True)
             try:
-                results = load_check(name).run(config, pools)
+                results = run_check(name, config, pools, args.known_issues)
             except HarnessError as exc:
                 results = [CaseResult(name, "<check>", "error", replay=config.replay(name), message=str(exc))]
             except (ParityError, RankFailure) as exc:

@@ -78,11 +78,16 @@ def apply(cases: list[CaseResult], issues: list[KnownIssue], installed: dict[str
     reproduced: set[int] = set()
     out = []
     for case in cases:
-        hit = next((i for i, issue in enumerate(applicable) if case.status == "fail" and issue.matches(case)), None)
+        # A case marked already (apply is idempotent) still counts as a reproduction.
+        reproducing = case.status in ("fail", "known-issue")
+        hit = next((i for i, issue in enumerate(applicable) if reproducing and issue.matches(case)), None)
         if hit is None:
             out.append(case)
             continue
         reproduced.add(hit)
+        if case.status == "known-issue":
+            out.append(case)
+            continue
         issue = applicable[hit]
         note = f"known issue: {issue.reason}" + (f" ({issue.reference})" if issue.reference else "")
         out.append(replace(case, status="known-issue", message=f"{note}\n{case.message}"))

@@ -77,3 +77,16 @@ def test_info_prints_versions_through_the_console_script():
     out = subprocess.run([sys.executable, "-m", "paritykit.cli", "info"], capture_output=True, text=True, check=True).stdout
     assert f"torch            {torch.__version__}" in out
     assert "torchrec" in out and "backends" in out
+
+
+def test_known_issue_marking_is_idempotent_and_still_counts_as_reproduced():
+    from paritykit.known_issues import KnownIssue, apply
+    from paritykit.report import CaseResult
+
+    issue = KnownIssue(check="c", case="broken-*", reason="upstream bug")
+    cases = [CaseResult("c", "broken-1", "fail", message="boom"), CaseResult("c", "fine", "pass")]
+    once, stale_once = apply(cases, [issue], {})
+    twice, stale_twice = apply(once, [issue], {})
+    assert [c.status for c in twice] == ["known-issue", "pass"] and twice == once
+    assert stale_once == stale_twice == []
+    assert once[0].message.startswith("known issue: upstream bug\nboom")

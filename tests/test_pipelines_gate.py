@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from paritykit.checks import pipeline as pipeline_check
+from paritykit.checks import run_check
 from paritykit.checks.base import GateConfig
 from paritykit.pipeline_models import DataSpec, ModelSpec
 from paritykit.pipelines import RunSpec
@@ -50,7 +51,7 @@ def test_report_is_written_even_when_parity_fails(rank_pool, tmp_path):
 @pytest.mark.slow
 def test_gate_run_passes_every_case_and_reports_the_negative_control(rank_pools, tmp_path):
     config = GateConfig(device="cpu", world_sizes=(1,), examples=2, seed=0, report_dir=tmp_path)
-    results = pipeline_check.run(config, rank_pools)
+    results = run_check("pipeline", config, rank_pools)
     ids = [r.case_id for r in results]
     assert ids[:3] == ["ws1/dlrm/all-pipelines", "ws1/test-sparse-nn/all-pipelines", "ws1/negative-control/feature-processor-under-fused"]
     assert len(results) == 3 + 2

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 
 from paritykit import plants
-from paritykit.checks import td_kjt
+from paritykit.checks import run_check, td_kjt
 from paritykit.checks.base import GateConfig
 from paritykit.checks.td_kjt import ShardedCase, assert_td_kjt_parity, run_sharded_case
 from paritykit.errors import ParityError
@@ -116,10 +116,10 @@ def test_planted_key_swap_is_caught_on_every_rank(rank_pool) -> None:
 
 
 @pytest.mark.slow
-def test_gate_run_passes_and_fails_under_a_plant(_paritykit_pools) -> None:
+def test_gate_run_passes_and_fails_under_a_plant(rank_pools) -> None:
     config = GateConfig(world_sizes=(2,), examples=4, seed=3)
-    results = td_kjt.run(config, _paritykit_pools)
+    results = run_check("td-kjt", config, rank_pools)
     assert {r.status for r in results} == {"pass"}
     with plants.applied(["offsets-off-by-one"]):
-        failing = td_kjt.run(GateConfig(world_sizes=(), examples=20, seed=3), _paritykit_pools)
+        failing = td_kjt.run(GateConfig(world_sizes=(), examples=20, seed=3), rank_pools)
     assert any(r.status == "fail" and "outputs" in r.message for r in failing)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from paritykit import plants
-from paritykit.checks import load_check
+from paritykit.checks import run_check
 from paritykit.checks.base import GateConfig, PoolProvider
 from paritykit.report import CaseResult
 
@@ -39,7 +39,7 @@ def run_plant(name: str, config: GateConfig, pools: PoolProvider) -> PlantOutcom
     check, description = plants.PLANT_INFO[name]
     started = time.perf_counter()
     with plants.applied([name]):
-        results = load_check(check).run(config, pools)
+        results = run_check(check, config, pools)
     failed = [r for r in results if r.status == "fail"]
     errors = [r for r in results if r.status == "error"]
     if failed:
@@ -59,7 +59,7 @@ def _headline(case: CaseResult) -> str:
 
 
 def run_clean(check: str, config: GateConfig, pools: PoolProvider) -> CleanRun:
-    results = load_check(check).run(config, pools)
+    results = run_check(check, config, pools)
     return CleanRun(check, config.seed, [r for r in results if r.status in ("fail", "error")], len(results))
 
 
