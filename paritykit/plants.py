@@ -9,7 +9,7 @@ process's active plants travel with every RankPool.run call and each worker ente
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 # name -> factory of a context manager that applies the defect. Filled by paritykit.selftest.
 PLANTS: dict[str, Callable[[], ContextManager[None]]] = {}
@@ -57,6 +57,25 @@ def applied(names: tuple[str, ...] | list[str]) -> Iterator[None]:
             _active.append(name)
             stack.callback(_active.remove, name)
         yield
+
+
+@contextlib.contextmanager
+def replaced(owner: object, name: str, make_replacement: Callable[[Any], Any]) -> Iterator[None]:
+    """Set ``owner.name`` to ``make_replacement(original)`` for the block, then restore the original.
+
+    The original is read from ``owner.__dict__`` where it is defined there, so that a method is
+    restored as the function it was; an inherited attribute is removed again rather than copied down.
+    """
+    defined_here = name in vars(owner)
+    original = vars(owner)[name] if defined_here else getattr(owner, name)
+    setattr(owner, name, make_replacement(original))
+    try:
+        yield
+    finally:
+        if defined_here:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
 
 
 def _load_catalog() -> None:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from typing import ContextManager
 
 import torch
 
 import paritykit.convert as convert
+from paritykit import plants
 from paritykit.plants import register
 
 
-@contextlib.contextmanager
-def _patched(name: str, replacement) -> Iterator[None]:
-    original = getattr(convert, name)
-    setattr(convert, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(convert, name, original)
+def _patched(name: str, replacement) -> ContextManager[None]:
+    return plants.replaced(convert, name, replacement)
 
 
 @register("offsets-off-by-one")

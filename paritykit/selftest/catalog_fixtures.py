@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from typing import ContextManager
 
 from paritykit import plants
 
 
 @plants.register("fp16-pooling-accumulation")
-@contextlib.contextmanager
-def fp16_pooling_accumulation() -> Iterator[None]:
+def fp16_pooling_accumulation() -> ContextManager[None]:
     """Embedding-bag pooling accumulates in float16 instead of float32 (then casts back).
 
     The TensorDict and KJT paths go through the same kernel, so they still agree with each other.
@@ -18,26 +16,23 @@ def fp16_pooling_accumulation() -> Iterator[None]:
     import torch
     import torch.nn.functional as F
 
-    original = torch.nn.EmbeddingBag.forward
+    def planted(original):
+        def forward_in_half(self, input, offsets=None, per_sample_weights=None):
+            pooled = F.embedding_bag(
+                input,
+                self.weight.half(),
+                offsets,
+                self.max_norm,
+                self.norm_type,
+                self.scale_grad_by_freq,
+                self.mode,
+                self.sparse,
+                None if per_sample_weights is None else per_sample_weights.half(),
+                self.include_last_offset,
+                self.padding_idx,
+            )
+            return pooled.float()
 
-    def forward_in_half(self, input, offsets=None, per_sample_weights=None):
-        pooled = F.embedding_bag(
-            input,
-            self.weight.half(),
-            offsets,
-            self.max_norm,
-            self.norm_type,
-            self.scale_grad_by_freq,
-            self.mode,
-            self.sparse,
-            None if per_sample_weights is None else per_sample_weights.half(),
-            self.include_last_offset,
-            self.padding_idx,
-        )
-        return pooled.float()
+        return forward_in_half
 
-    torch.nn.EmbeddingBag.forward = forward_in_half
-    try:
-        yield
-    finally:
-        torch.nn.EmbeddingBag.forward = original
+    return plants.replaced(torch.nn.EmbeddingBag, "forward", planted)

@@ -95,31 +95,30 @@ def stale_embedding_lookup() -> Iterator[None]:
     the previous lookup, i.e. before the last fused backward updated them."""
     from torchrec.distributed.train_pipeline import train_pipelines
 
-    original = train_pipelines._start_embedding_lookup
     previous: dict[int, list[torch.Tensor]] = {}
 
-    @functools.wraps(original)
-    def start_embedding_lookup(module: Any, *args: Any, **kwargs: Any) -> Any:
-        buffers = [b for tbe in _table_batched_modules(module) for b in _weight_buffers(tbe)]
-        current = [b.data for b in buffers]
-        snapshot = [b.detach().clone() for b in buffers]
-        stale = previous.get(id(module))
-        previous[id(module)] = snapshot
-        if stale is None:
-            return original(module, *args, **kwargs)
-        for buffer, old in zip(buffers, stale):
-            buffer.data = old
-        try:
-            return original(module, *args, **kwargs)
-        finally:
-            for buffer, value in zip(buffers, current):
-                buffer.data = value
+    def planted(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def start_embedding_lookup(module: Any, *args: Any, **kwargs: Any) -> Any:
+            buffers = [b for tbe in _table_batched_modules(module) for b in _weight_buffers(tbe)]
+            current = [b.data for b in buffers]
+            snapshot = [b.detach().clone() for b in buffers]
+            stale = previous.get(id(module))
+            previous[id(module)] = snapshot
+            if stale is None:
+                return original(module, *args, **kwargs)
+            for buffer, old in zip(buffers, stale):
+                buffer.data = old
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                for buffer, value in zip(buffers, current):
+                    buffer.data = value
 
-    train_pipelines._start_embedding_lookup = start_embedding_lookup
-    try:
+        return start_embedding_lookup
+
+    with plants.replaced(train_pipelines, "_start_embedding_lookup", planted):
         yield
-    finally:
-        train_pipelines._start_embedding_lookup = original
 
 
 @plants.register("lost-optimizer-state")

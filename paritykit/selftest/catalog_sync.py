@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from typing import ContextManager
 
 from paritykit import plants
 
 
 @plants.register("tolist-in-ebc-forward")
-@contextlib.contextmanager
-def tolist_in_ebc_forward() -> Iterator[None]:
+def tolist_in_ebc_forward() -> ContextManager[None]:
     """EmbeddingBagCollection.forward reads the lengths back to the host before pooling.
 
     A classic regression: a debugging or validation ``.tolist()`` left in a forward path, one
@@ -18,36 +16,29 @@ def tolist_in_ebc_forward() -> Iterator[None]:
     """
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    original = EmbeddingBagCollection.__dict__["forward"]
+    def planted(original):
+        def forward_with_planted_tolist(self, features):
+            if hasattr(features, "lengths"):
+                _batch_lengths = features.lengths().tolist()  # the planted sync
+            return original(self, features)
 
-    def forward_with_planted_tolist(self, features):
-        if hasattr(features, "lengths"):
-            _batch_lengths = features.lengths().tolist()  # the planted sync
-        return original(self, features)
+        return forward_with_planted_tolist
 
-    EmbeddingBagCollection.forward = forward_with_planted_tolist
-    try:
-        yield
-    finally:
-        EmbeddingBagCollection.forward = original
+    return plants.replaced(EmbeddingBagCollection, "forward", planted)
 
 
 @plants.register("kjt-to-drops-non-blocking")
-@contextlib.contextmanager
-def kjt_to_drops_non_blocking() -> Iterator[None]:
+def kjt_to_drops_non_blocking() -> ContextManager[None]:
     """KeyedJaggedTensor.to ignores non_blocking=True: every host->device move of a batch blocks.
 
     Numbers are unchanged; only the sync budget of the "build on host, move asynchronously" path sees it.
     """
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    original = KeyedJaggedTensor.__dict__["to"]
+    def planted(original):
+        def to_blocking(self, device, non_blocking=False, dtype=None):
+            return original(self, device, non_blocking=False, dtype=dtype)
 
-    def to_blocking(self, device, non_blocking=False, dtype=None):
-        return original(self, device, non_blocking=False, dtype=dtype)
+        return to_blocking
 
-    KeyedJaggedTensor.to = to_blocking
-    try:
-        yield
-    finally:
-        KeyedJaggedTensor.to = original
+    return plants.replaced(KeyedJaggedTensor, "to", planted)
