@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -86,24 +87,35 @@ def _check_report(report_path: Path, world_size: int) -> None:
     assert report["mismatch"].startswith(f"HarnessError: under torchrun the ranks are the launcher's (WORLD_SIZE={world_size})")
 
 
+def _tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:]
+
+
 def _run(commands: list[list[str]], tmp_path: Path) -> None:
+    """Run the launchers side by side; their output goes to files so it survives a timeout."""
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    processes = [
-        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for command in commands
-    ]
-    outputs = []
+    env["PYTHONUNBUFFERED"] = "1"
+    logs = [tmp_path / f"launcher{index}.log" for index in range(len(commands))]
+    processes = []
     try:
+        for command, log in zip(commands, logs):
+            with open(log, "w") as out:
+                processes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
         for process in processes:
-            outputs.append(process.communicate(timeout=LAUNCH_TIMEOUT_S)[0])
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                tails = "\n".join(f"--- launcher {index} ---\n{_tail(log)}" for index, log in enumerate(logs))
+                pytest.fail(f"torchrun launch did not finish within {LAUNCH_TIMEOUT_S} s\n{tails}")
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-4000:]
+    for index, (process, log) in enumerate(zip(processes, logs)):
+        assert process.returncode == 0, f"launcher {index} exited {process.returncode}\n{_tail(log)}"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """The ranks of a torchrun launch (torch.distributed.elastic) behind RankPool's API.
 
 Under torchrun every rank runs the whole check script, so ``run(fn, ...)`` runs ``fn`` locally
-on each rank and gathers every rank's result with ``all_gather_object``: each rank gets the
+on each rank and gathers every rank's pickled result with ``all_gather``: each rank gets the
 same list, in rank order, and control flow stays identical on all ranks (a failure on one rank
 raises on every rank). Reports should be written by the rank where ``is_reporting_rank`` is true.
 Crashes and hangs are the launcher's to handle: torchrun tears the launch down when a rank dies,
@@ -14,6 +14,8 @@ import atexit
 import itertools
 import os
 import pickle
+import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -81,8 +83,6 @@ class LauncherGroup:
         replay: str | None = None,
     ) -> list[Any]:
         """Same meaning as RankPool.call; ``timeout`` is the process group's, fixed at launch."""
-        import torch.distributed as dist
-
         call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, plants.active(), case)
         try:
             reply = ("ok", execute(call))
@@ -92,9 +92,7 @@ class LauncherGroup:
             payload = dumps_with_cpu_tensors(reply)
         except Exception as exc:  # noqa: BLE001
             payload = pickle.dumps(("error", rank_error_from(exc)))
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, payload)
-        replies = [pickle.loads(data) for data in gathered]
+        replies = [pickle.loads(data) for data in self._all_gather_bytes(payload)]
         if all(kind == "ok" for kind, _ in replies):
             return [value for _, value in replies]
         outcomes = [
@@ -104,6 +102,37 @@ class LauncherGroup:
         primary = next(o.rank for o in outcomes if o.state == "raised")
         replay = replay or f"torchrun ... (rank {self.rank} of {self.world_size}) .call({call.describe()})"
         raise FailedCall("exception", call.describe(), replay, outcomes, primary, self.timeout).to_exception()
+
+    def _all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload``, in rank order; returns once the backend has let go of the tensors.
+
+        Not ``dist.all_gather_object``: gloo's worker thread drops its references to a collective's
+        tensors some time after ``wait()`` returns. Tensors made in Python whose Python side is gone
+        by then need the GIL to be freed; if that happens while the interpreter is finalizing (the
+        last collective of a rank that exits at once, common under CPU load), the worker thread is
+        killed while unwinding and the rank aborts with "terminate called without an active
+        exception", so torchrun fails the launch and the other hosts' agents wait out their exit
+        barrier. Here the tensors are ours, and we wait (GIL released) until the worker freed them.
+        """
+        import torch
+        import torch.distributed as dist
+
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        size = torch.tensor([len(payload)], dtype=torch.long, device=device)
+        sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
+        dist.all_gather(sizes, size)
+        lengths = [int(length.item()) for length in sizes]
+        padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        outputs = [torch.empty(max(lengths), dtype=torch.uint8, device=device) for _ in range(self.world_size)]
+        dist.all_gather(outputs, padded)
+        gathered = [output[:length].cpu().numpy().tobytes() for output, length in zip(outputs, lengths)]
+        handed_over = [weakref.ref(tensor) for tensor in (size, *sizes, padded, *outputs)]
+        del size, sizes, padded, outputs
+        deadline = time.monotonic() + self.timeout
+        while any(ref() is not None for ref in handed_over) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return gathered
 
     def pids(self) -> list[int]:
         return [os.getpid()]
