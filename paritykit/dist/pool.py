@@ -375,7 +375,10 @@ class RankPool:
         else:
             self._teardown(restart=True)
             note = f"pool: ranks torn down; a fresh set (generation {self.generation}) is starting"
-        primary = failure_order[0] if failure_order else None
+        # A rank that died is the cause; a peer's error in the same call (a gloo read error when the
+        # connection dropped) is its consequence, even when it arrived first.
+        died = [r for r in failure_order if outcomes[r].state in ("killed", "exited")]
+        primary = (died or failure_order or [None])[0]
         kind = "hang" if primary is None else {"raised": "exception", "killed": "signal", "exited": "exit"}[outcomes[primary].state]
         return FailedCall(kind, call.describe(), replay, outcomes, primary, timeout, pool_note=note)
 
