@@ -24,7 +24,7 @@ test: env
 	$(BIN)/python -m pytest -n 4 $(ARGS)
 
 bench: env
-	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/paritykit bench $(ARGS)
 
 clean:
 	rm -rf $(VENV)

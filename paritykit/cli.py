@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--clean-seeds", type=int, default=2, help="clean runs of every check, one per seed (0: none)")
     selftest.set_defaults(handler=run_selftest)
 
+    bench = sub.add_parser("bench", help="run the benchmarks in the repository's bench/ (ratios measured in one run)")
+    bench.add_argument("names", nargs="*", help="benchmarks to run, e.g. convert sync_guard rank_pool (default: all)")
+    bench.set_defaults(handler=run_bench)
+
     fixtures = sub.add_parser("fixtures", help="record or verify the golden fixtures")
     fixtures.add_argument("action", choices=("record", "verify"))
     fixtures.add_argument("--dir", type=Path, default=None, help="fixture directory (default: the repository's fixtures/)")
@@ -174,6 +178,24 @@ def _is_reporting_rank() -> bool:
     from paritykit.dist import launched_by_torchrun
 
     return not launched_by_torchrun() or os.environ.get("RANK") == "0"
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    bench_dir = Path(__file__).resolve().parent.parent / "bench"
+    scripts = sorted(bench_dir.glob("bench_*.py"))
+    if not scripts:
+        raise HarnessError(f"no benchmarks at {bench_dir}: they live in the source repository, not in an installed wheel")
+    available = {p.stem.removeprefix("bench_"): p for p in scripts}
+    unknown = [n for n in args.names if n not in available]
+    if unknown:
+        raise HarnessError(f"unknown benchmark(s) {unknown}; available: {', '.join(available)}")
+    for name in args.names or list(available):
+        print(f"== {name}", flush=True)
+        if subprocess.run([sys.executable, str(available[name])]).returncode != 0:
+            raise HarnessError(f"benchmark {name} failed")
+    return EXIT_OK
 
 
 def run_fixtures(args: argparse.Namespace) -> int:

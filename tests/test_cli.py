@@ -90,3 +90,8 @@ def test_known_issue_marking_is_idempotent_and_still_counts_as_reproduced():
     assert [c.status for c in twice] == ["known-issue", "pass"] and twice == once
     assert stale_once == stale_twice == []
     assert once[0].message.startswith("known issue: upstream bug\nboom")
+
+
+def test_unknown_benchmark_exits_2_listing_the_available_ones(capsys):
+    assert cli.main(["bench", "no-such-bench"]) == 2
+    assert "available: convert, rank_pool, sync_guard" in capsys.readouterr().err
