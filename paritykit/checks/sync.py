@@ -5,8 +5,9 @@ with ``on_host``), then counts the region on the backend of that device: the CUD
 "cuda", the CPU proxy on "cpu". A case fails when the region makes more syncs than its budget;
 the message names the call sites. Every budget says which torchrec call is the sync.
 
-Budgets that need the rank pool (sharded EBC input_dist) and the training pipelines are not in
-this corpus yet.
+The budgets that need the rank pool (a sharded EBC's input_dist, one step of each training
+pipeline) live in paritykit.sync_dist_budgets with their justification; ``run`` runs them on the
+world-size-2 pool when it is given pools.
 """
 
 from __future__ import annotations
@@ -287,6 +288,48 @@ def run_budget(budget: SyncBudget, config: GateConfig) -> CaseResult:
     )
 
 
+def run_dist_budget(budget: Any, config: GateConfig, pool: Any) -> CaseResult:
+    """One rank-pool budget (paritykit.sync_dist_budgets) on ``pool``: every rank within its budget."""
+    from paritykit.sync_dist_budgets import check_dist_budget, measure_dist
+
+    replay = f"{config.replay(NAME)}  # case: {budget.name}"
+    started = time.perf_counter()
+    try:
+        records_per_rank, _ = measure_dist(budget, pool, config.device)
+        check_dist_budget(budget, records_per_rank)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return result_from_exception(NAME, budget.name, replay, exc, started)
+    return CaseResult(
+        NAME,
+        budget.name,
+        "pass",
+        replay=replay,
+        metrics={
+            "syncs_per_rank": [[record.total for record in records] for records in records_per_rank],
+            "budget_per_rank": list(budget.budgets),
+            "by_site_rank0": records_per_rank[0][0].by_site,
+        },
+        duration_s=time.perf_counter() - started,
+    )
+
+
 def run(config: GateConfig, pools: Any = None) -> list[CaseResult]:
-    """Every budget of the corpus on ``config.device`` (the rank pool is not used yet)."""
-    return [run_budget(budget, config) for budget in BUDGETS]
+    """Every budget of the corpus on ``config.device``; with ``pools``, also the rank-pool budgets.
+
+    The rank-pool budgets are counts per rank at world size 2: they are skipped (with a reason)
+    when the configuration does not select world size 2, and left out when no pools are given.
+    """
+    results = [run_budget(budget, config) for budget in BUDGETS]
+    if pools is None:
+        return results
+    from paritykit.sync_dist_budgets import DIST_BUDGETS, WORLD_SIZE
+
+    if WORLD_SIZE not in config.world_sizes:
+        return results + [
+            CaseResult(NAME, budget.name, "skip", replay=config.replay(NAME), message=f"needs world size {WORLD_SIZE}")
+            for budget in DIST_BUDGETS
+        ]
+    pool = pools.get(WORLD_SIZE)
+    return results + [run_dist_budget(budget, config, pool) for budget in DIST_BUDGETS]

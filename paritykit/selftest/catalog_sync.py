@@ -42,3 +42,23 @@ def kjt_to_drops_non_blocking() -> ContextManager[None]:
         return to_blocking
 
     return plants.replaced(KeyedJaggedTensor, "to", planted)
+
+
+@plants.register("tolist-in-kjt-dist-splits")
+def tolist_in_kjt_dist_splits() -> ContextManager[None]:
+    """KeyedJaggedTensor.dist_splits reads the lengths back to the host before the KJT all-to-all.
+
+    A validation read added to the input-distribution path: every sharded module's input_dist,
+    eager (KJTAllToAll.forward) or pipelined (runtime_forwards.KJTAllToAllForward), calls
+    dist_splits once per batch, so each rank pays one more sync per module per step.
+    """
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    def planted(original):
+        def dist_splits_with_planted_tolist(self, key_splits):
+            _lengths = self.lengths().tolist()  # the planted sync
+            return original(self, key_splits)
+
+        return dist_splits_with_planted_tolist
+
+    return plants.replaced(KeyedJaggedTensor, "dist_splits", planted)
