@@ -123,3 +123,18 @@ def add_to_sys_path(entries: list[str]) -> None:
     missing = [entry for entry in entries if entry not in sys.path]
     if missing:
         sys.path[:0] = missing
+
+
+class RunShortcuts:
+    """``run`` and ``run_seeded`` in terms of a class's ``call``: the same API for every kind of ranks."""
+
+    def call(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, **options: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank (seeded with the default seed); results in rank order."""
+        return self.call(fn, args, kwargs)
+
+    def run_seeded(self, seed: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Like run(), with random/numpy/torch seeded with ``seed`` on every rank first."""
+        return self.call(fn, args, kwargs, seed=seed)

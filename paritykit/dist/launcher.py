@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from paritykit import plants
-from paritykit.dist.calls import DEFAULT_SEED, Call, dumps_with_cpu_tensors, execute, rank_error_from
+from paritykit.dist.calls import DEFAULT_SEED, Call, RunShortcuts, dumps_with_cpu_tensors, execute, rank_error_from
 from paritykit.dist.failures import FailedCall, RankOutcome
 from paritykit.errors import HarnessError
 
@@ -31,7 +31,7 @@ def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
-class LauncherGroup:
+class LauncherGroup(RunShortcuts):
     """The launcher's process group, used like a RankPool. Create through ``get_pool``."""
 
     def __init__(self, backend: str | None = None, device: str | None = None, timeout: float = 600.0, *, seed: int = DEFAULT_SEED) -> None:
@@ -64,12 +64,6 @@ class LauncherGroup:
         if not dist.is_initialized():
             dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.timeout))
             atexit.register(_destroy_process_group)
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        return self.call(fn, args, kwargs)
-
-    def run_seeded(self, seed: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        return self.call(fn, args, kwargs, seed=seed)
 
     def call(
         self,

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from paritykit import plants
 from paritykit.dist import worker
-from paritykit.dist.calls import DEFAULT_SEED, Call, RankError, function_name
+from paritykit.dist.calls import DEFAULT_SEED, Call, RankError, RunShortcuts, function_name
 from paritykit.dist.failures import FailedCall, RankOutcome
 from paritykit.dist.rendezvous import PoolDirectory
 from paritykit.errors import HarnessError
@@ -77,7 +77,7 @@ def resolve_device(device: str | None, world_size: int) -> str:
     return device
 
 
-class RankPool:
+class RankPool(RunShortcuts):
     """``world_size`` rank processes in one process group, running picklable functions on demand.
 
     ``pool.run(fn, *args, **kwargs)`` runs ``fn`` on every rank with the pool's default seed and
@@ -124,14 +124,6 @@ class RankPool:
         self._start()
 
     # -- public API -------------------------------------------------------------------------
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank (seeded with ``self.seed``); results in rank order."""
-        return self.call(fn, args, kwargs)
-
-    def run_seeded(self, seed: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Like run(), with random/numpy/torch seeded with ``seed`` on every rank first."""
-        return self.call(fn, args, kwargs, seed=seed)
 
     def call(
         self,
