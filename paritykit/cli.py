@@ -20,7 +20,7 @@ from paritykit.noise import quiet_known_noise
 EXIT_OK, EXIT_PARITY_FAILURE, EXIT_HARNESS_ERROR = 0, 1, 2
 
 # The default gate must finish within minutes on a 2-core machine.
-DEFAULT_EXAMPLES = 4
+DEFAULT_EXAMPLES = 50
 DEFAULT_WORLD_SIZES = (1, 2)
 
 
