@@ -114,7 +114,7 @@ def _package_dir(name: str) -> str | None:
 _PARITYKIT_DIR = os.path.dirname(__file__) + os.sep
 # Only the sync machinery itself is hidden: other paritykit code (conversions, planted bugs, the
 # check's regions) is code whose syncs and calls must be named.
-_SYNC_MACHINERY = tuple(os.path.join(_PARITYKIT_DIR, name) for name in ("sync.py", "sync_cpu.py", "sync_cuda.py"))
+_SYNC_MACHINERY = tuple(os.path.join(_PARITYKIT_DIR, name) for name in ("sync.py", "sync_cpu.py", "sync_cuda.py", "sync_listeners.py"))
 _WARNINGS_FILE = os.path.splitext(warnings.__file__)[0]
 _TORCHREC_SYNC_HELPERS = frozenset({"_safe_tolist", "_safe_tolist_2d", "_cuda_to_cpu_safe"})
 _roots_cache: dict[str, tuple[str, ...]] = {}

@@ -59,6 +59,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import get_default_nowrap_functions
 
+from paritykit.sync_listeners import Listeners
+
 # Sync kinds (shared vocabulary with the CUDA backend).
 ITEM = "item"
 TOLIST = "tolist"
@@ -68,9 +70,6 @@ D2H_COPY = "d2h-copy"
 H2D_COPY = "h2d-copy"
 DATA_DEPENDENT = "data-dependent"
 
-Listener = Callable[[str], None]
-
-_listeners: list[Listener] = []
 _saved: list[tuple[Any, str, Any]] = []
 _MISSING = object()
 _local = threading.local()
@@ -136,8 +135,7 @@ def _is_device_tensor(value: Any) -> bool:
 def _emit(kind: str) -> None:
     if getattr(_local, "depth", 0) > 1 or torch.compiler.is_compiling():
         return
-    for listener in list(_listeners):
-        listener(kind)
+    _listeners.notify(kind)
 
 
 class _Depth:
@@ -323,17 +321,9 @@ def _uninstall() -> None:
             setattr(owner, name, own)
 
 
-def attach(listener: Listener) -> None:
-    """Start delivering proxy sync events to ``listener(kind)``; the first listener installs the hooks."""
-    if not _listeners:
-        _install()
-    _listeners.append(listener)
-
-
-def detach(listener: Listener) -> None:
-    _listeners.remove(listener)
-    if not _listeners:
-        _uninstall()
+# Proxy sync events go to ``listener(kind)``; the first listener installs the hooks, the last removes them.
+_listeners = Listeners(_install, _uninstall)
+attach, detach = _listeners.attach, _listeners.detach
 
 
 def installed() -> bool:

@@ -19,12 +19,11 @@ from typing import Any, Callable
 
 import torch
 
+from paritykit.sync_listeners import Listeners
+
 SYNC_WARNING = "called a synchronizing CUDA operation"
 _SYNC_WARNING_RE = re.compile(re.escape(SYNC_WARNING))
 
-Listener = Callable[[str], None]
-
-_listeners: list[Listener] = []
 _state: dict[str, Any] = {}
 
 # The warning carries no kind; the Python call that issued it does. First match wins.
@@ -62,8 +61,7 @@ def _install() -> None:
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, UserWarning) and _SYNC_WARNING_RE.search(str(message)):
-            for listener in list(_listeners):
-                listener("")  # kind is read from the stack by the listener
+            _listeners.notify("")  # the kind is read from the stack by the listener
             return
         previous_show(message, category, filename, lineno, file, line)
 
@@ -80,16 +78,8 @@ def _uninstall() -> None:
         _state.pop("catcher").__exit__(None, None, None)
 
 
-def attach(listener: Listener) -> None:
-    if not _listeners:
-        _install()
-    _listeners.append(listener)
-
-
-def detach(listener: Listener) -> None:
-    _listeners.remove(listener)
-    if not _listeners:
-        _uninstall()
+_listeners = Listeners(_install, _uninstall)
+attach, detach = _listeners.attach, _listeners.detach
 
 
 PROFILER_SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
