@@ -17,7 +17,7 @@ HANG_TIMEOUT_S = 2.0
 
 @pytest.fixture(scope="module")
 def pool():
-    with RankPool(2, preload=("torch",), timeout=60, failure_grace_s=0.5) as pool:
+    with RankPool(2, preload=("torch",), timeout=60) as pool:
         pool.wait_ready()
         yield pool
 

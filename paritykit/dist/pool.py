@@ -31,8 +31,10 @@ from paritykit.errors import HarnessError
 MAX_WORLD_SIZE = 4
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torchrec")
-# How long the other ranks get to finish after one rank failed, before their stacks are taken.
-DEFAULT_FAILURE_GRACE_S = 1.0
+# How long the other ranks get to finish after one rank failed, before their stacks are taken and
+# the ranks rebuilt. Peers usually return within the same step, but on a loaded 2-core machine
+# (pytest -n 4) a second was seen to be too short, which cost a needless rebuild.
+DEFAULT_FAILURE_GRACE_S = 5.0
 _STACK_DUMP_WAIT_S = 2.0
 _JOIN_WAIT_S = 5.0
 # A rank asked to stop normally exits at once; one that does not is killed after this.
