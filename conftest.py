@@ -4,6 +4,6 @@ Choose with PARITYKIT_PROFILE=ci or `--hypothesis-profile ci` (the latter wins; 
 own pytest plugin applies it after this file has registered the profiles).
 """
 
-from paritykit.profiles import load_profile_from_env
+from paritykit.gate.profiles import load_profile_from_env
 
 load_profile_from_env()

@@ -73,7 +73,7 @@ def paritykit_examples(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="session")
 def _paritykit_pools(paritykit_device: str):
     """One pool per world size for the whole session (per xdist worker); closed at the end."""
-    from paritykit.checks.base import PoolProvider
+    from paritykit.dist import PoolProvider
 
     provider = PoolProvider(device=paritykit_device)
     yield provider

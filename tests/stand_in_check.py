@@ -4,7 +4,8 @@ known issues, report files) independently of any real check. Real checks are tes
 import os
 
 from paritykit.errors import HarnessError
-from paritykit.report import CaseResult
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import CheckEntry
 
 NAME = "stand-in"
 OUTCOME_ENV = "PARITYKIT_STAND_IN_OUTCOME"
@@ -18,3 +19,6 @@ def run(config, pools):
         CaseResult(NAME, "case-a", "pass", replay=config.replay(NAME), metrics={"max_abs_error": 0.0}),
         CaseResult(NAME, "case-b", outcome, replay=config.replay(NAME), message="first line\nsecond line"),
     ]
+
+
+CHECK = CheckEntry(NAME, plants=__name__, run=run)

@@ -7,15 +7,15 @@ import sys
 import pytest
 import torch
 
-from paritykit import cli
-from paritykit.checks import CHECK_MODULES
+from paritykit.checks import CHECK_PACKAGES
+from paritykit.gate import cli
 
 from stand_in_check import OUTCOME_ENV
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    monkeypatch.setitem(CHECK_MODULES, "stand-in", "stand_in_check")
+    monkeypatch.setitem(CHECK_PACKAGES, "stand-in", "stand_in_check")
 
     def gate(outcome, *extra):
         monkeypatch.setenv(OUTCOME_ENV, outcome)
@@ -56,7 +56,7 @@ def test_known_issue_for_other_versions_does_not_apply(stand_in, tmp_path, monke
 
 
 def test_unimplemented_check_exits_2_with_a_clear_message(monkeypatch, capsys):
-    monkeypatch.setitem(CHECK_MODULES, "future", "paritykit.checks.not_written_yet")
+    monkeypatch.setitem(CHECK_PACKAGES, "future", "paritykit.checks.not_written_yet")
     assert cli.main(["gate", "--check", "future"]) == 2
     assert "check 'future' is not implemented" in capsys.readouterr().out
 
@@ -74,14 +74,16 @@ def test_bad_arguments_exit_2():
 
 
 def test_info_prints_versions_through_the_console_script():
-    out = subprocess.run([sys.executable, "-m", "paritykit.cli", "info"], capture_output=True, text=True, check=True).stdout
-    assert f"torch            {torch.__version__}" in out
+    from importlib.metadata import version
+
+    out = subprocess.run([sys.executable, "-m", "paritykit", "info"], capture_output=True, text=True, check=True).stdout
+    assert f"torch            {version('torch')}" in out
     assert "torchrec" in out and "backends" in out
 
 
 def test_known_issue_marking_is_idempotent_and_still_counts_as_reproduced():
-    from paritykit.known_issues import KnownIssue, apply
-    from paritykit.report import CaseResult
+    from paritykit.gate.known_issues import KnownIssue, apply
+    from paritykit.gate.report import CaseResult
 
     issue = KnownIssue(check="c", case="broken-*", reason="upstream bug")
     cases = [CaseResult("c", "broken-1", "fail", message="boom"), CaseResult("c", "fine", "pass")]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from paritykit import plants
+from paritykit.harness import plants
 from paritykit.dist import RankPool
 from paritykit.errors import HarnessError
 
@@ -46,7 +46,6 @@ def flag_plant():
     _register_flag_plant()
     yield PLANT_NAME
     plants.PLANTS.pop(PLANT_NAME, None)
-    plants.PLANT_INFO.pop(PLANT_NAME, None)
 
 
 @pytest.fixture(scope="module")

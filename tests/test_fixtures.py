@@ -6,7 +6,9 @@ import shutil
 import pytest
 import torch
 
-from paritykit import cli, fixtures
+from paritykit.checks.golden import store as fixtures
+from paritykit.checks.golden.recipes import RECIPES
+from paritykit.gate import cli
 
 
 @pytest.fixture
@@ -18,7 +20,7 @@ def fixture_copy(tmp_path):
 
 def test_checked_in_fixtures_verify_with_the_installed_stack():
     results = fixtures.verify()
-    assert {r.case_id for r in results} == set(fixtures.RECIPES)
+    assert {r.case_id for r in results} == set(RECIPES)
     assert [r.status for r in results] == ["pass"] * len(results), [r.message for r in results]
 
 

@@ -6,20 +6,16 @@ import pytest
 import torch
 
 from paritykit.errors import HarnessError
-from paritykit.models import (
+from paritykit.harness.plans import compute_kernels, describe_plan, validate_plan
+from paritykit.harness.sharded import copy_full_weights_into, gather_full_weights, shard_module
+from paritykit.harness.tables import (
     TableSpec,
     build_ebc,
     build_ec,
-    compute_kernels,
-    copy_full_weights_into,
-    describe_plan,
     feature_names_of,
-    gather_full_weights,
     kjt_from_rows,
     seeded_full_weights,
-    shard_module,
     unsharded_full_weights,
-    validate_plan,
 )
 
 TABLES = (
@@ -91,8 +87,8 @@ def test_kjt_from_rows_lays_out_values_and_lengths_key_by_key():
 
 def test_compute_kernels_on_cpu():
     assert compute_kernels("cpu", "data_parallel") == ("dense",)
-    assert compute_kernels("cpu", "column_wise", module="ec") == ("dense", "fused")
-    assert "fused_uvm_caching" in compute_kernels("cuda", "row_wise", module="ebc")
+    assert compute_kernels("cpu", "column_wise", module_kind="ec") == ("dense", "fused")
+    assert "fused_uvm_caching" in compute_kernels("cuda", "row_wise", module_kind="ebc")
 
 
 def test_shard_module_outside_a_process_group_is_a_harness_error():

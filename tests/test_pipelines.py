@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paritykit.checks.pipeline import assert_pipeline_parity, normalized_entropy
+from paritykit.checks.pipeline.assertion import assert_pipeline_parity
+from paritykit.checks.pipeline.comparison import normalized_entropy
 from paritykit.errors import HarnessError, ParityError
-from paritykit.pipeline_models import DataSpec, ModelSpec, full_table
-from paritykit.pipelines import EXACT_PIPELINES, FUSED_PIPELINES, PipelineRun, RunSpec, run_pipeline
-from paritykit.stream_shim import stream_shim
+from paritykit.checks.pipeline.models import DataSpec, ModelSpec, full_table
+from paritykit.checks.pipeline.runs import EXACT_PIPELINES, FUSED_PIPELINES, PipelineRun, RunSpec, run_pipeline
+from paritykit.harness.cpu_shim import stream_shim
 
 ALL_SHARDINGS = ("table_wise", "row_wise", "column_wise")
 
@@ -147,7 +148,7 @@ def test_per_step_records_have_one_row_per_rank(rank_pool):
 
 @pytest.mark.world_size(2)
 def test_a_difference_in_final_state_is_reported_with_its_location(rank_pool):
-    from paritykit.checks.pipeline import assert_runs_identical
+    from paritykit.checks.pipeline.assertion import assert_runs_identical
 
     spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=2))
     plain = run_pipeline(rank_pool, spec)

@@ -7,18 +7,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from paritykit import plants
-from paritykit.checks.pipeline import (
-    DEFAULT_SEMI_SYNC_BOUNDS,
-    SemiSyncBounds,
-    assert_pipeline_parity,
-    assert_runs_identical,
-    feature_processor_control,
-    unsafe_configuration,
-)
+from paritykit.harness import plants
+from paritykit.checks.pipeline.assertion import assert_pipeline_parity, assert_runs_identical, unsafe_configuration
+from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, SemiSyncBounds
+from paritykit.checks.pipeline.matrix import feature_processor_control
 from paritykit.errors import ParityError
-from paritykit.pipeline_models import DataSpec, ModelSpec
-from paritykit.pipelines import RunSpec, run_pipeline
+from paritykit.checks.pipeline.models import DataSpec, ModelSpec
+from paritykit.checks.pipeline.runs import RunSpec, run_pipeline
 
 FP_SPEC = RunSpec(model=ModelSpec(feature_processor=True, sharding_types=("table_wise", "row_wise")), data=DataSpec(num_batches=4))
 

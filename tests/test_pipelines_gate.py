@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 
 from paritykit.checks import pipeline as pipeline_check
-from paritykit.checks import run_check
-from paritykit.checks.base import GateConfig
-from paritykit.pipeline_models import DataSpec, ModelSpec
-from paritykit.pipelines import RunSpec
+from paritykit.checks.pipeline import matrix
+from paritykit.checks.pipeline.assertion import ALL_PIPELINES
+from paritykit.checks.runner import GateConfig
+from paritykit.checks.pipeline.models import DataSpec, ModelSpec
+from paritykit.checks.pipeline.runs import RunSpec
 
 
 @pytest.mark.world_size(1)
@@ -37,7 +38,7 @@ def test_report_dir_gets_a_per_step_diff_table_and_a_drift_plot_per_pair(rank_po
 
 @pytest.mark.world_size(1)
 def test_report_is_written_even_when_parity_fails(rank_pool, tmp_path):
-    from paritykit import plants
+    from paritykit.harness import plants
     from paritykit.errors import ParityError
 
     spec = RunSpec(data=DataSpec(num_batches=3))
@@ -51,7 +52,7 @@ def test_report_is_written_even_when_parity_fails(rank_pool, tmp_path):
 @pytest.mark.slow
 def test_gate_run_passes_every_case_and_reports_the_negative_control(rank_pools, tmp_path):
     config = GateConfig(device="cpu", world_sizes=(1,), examples=2, seed=0, report_dir=tmp_path)
-    results = run_check("pipeline", config, rank_pools)
+    results = matrix.run_matrix(config, rank_pools)
     ids = [r.case_id for r in results]
     assert ids[:3] == ["ws1/dlrm/all-pipelines", "ws1/test-sparse-nn/all-pipelines", "ws1/negative-control/feature-processor-under-fused"]
     assert len(results) == 3 + 2
@@ -59,37 +60,37 @@ def test_gate_run_passes_every_case_and_reports_the_negative_control(rank_pools,
     assert results[2].metrics["flagged"].startswith("fused:data_dist vs plain")
     assert results[0].metrics["fused:new"]["max_output_diff"] == 0.0
     assert results[0].metrics["semi_sync"]["max_output_diff"] > 0.0
-    assert len(list((tmp_path / "pipeline_ws1_dlrm").glob("*.png"))) == len(pipeline_check.ALL_PIPELINES)
+    assert len(list((tmp_path / "pipeline_ws1_dlrm").glob("*.png"))) == len(ALL_PIPELINES)
 
 
-def _check_matrix_case(pools, case: pipeline_check.MatrixCase) -> None:
+def _check_matrix_case(pools, case: matrix.MatrixCase) -> None:
     result = pipeline_check.assert_pipeline_parity(pools.get(case.world_size), case.spec, (case.spec.pipeline, "sparse_dist", "semi_sync"))
     assert [run.steps for run in result.runs.values()] == [case.spec.data.num_batches] * 4
 
 
 # Each example runs four pipelines on real ranks; three keep the default suite fast.
 @settings(max_examples=3)
-@given(case=pipeline_check.pipeline_cases(world_sizes=(1, 2)))
+@given(case=matrix.pipeline_cases(world_sizes=(1, 2)))
 def test_fused_and_sparse_dist_equal_the_plain_loop_and_semi_sync_stays_bounded(rank_pools, case):
     _check_matrix_case(rank_pools, case)
 
 
 @pytest.mark.slow
-@given(case=pipeline_check.pipeline_cases(world_sizes=(1, 2)))
+@given(case=matrix.pipeline_cases(world_sizes=(1, 2)))
 def test_fused_and_sparse_dist_equal_the_plain_loop_over_the_profiles_examples(rank_pools, case):
     _check_matrix_case(rank_pools, case)
 
 
 @pytest.mark.slow
 @settings(max_examples=4)
-@given(case=pipeline_check.pipeline_cases(world_sizes=(3, 4)))
+@given(case=matrix.pipeline_cases(world_sizes=(3, 4)))
 def test_fused_and_sparse_dist_equal_the_plain_loop_on_three_and_four_ranks(rank_pools, case):
     _check_matrix_case(rank_pools, case)
 
 
 def test_matrix_case_ids_name_every_dimension():
-    case = pipeline_check.MatrixCase(
+    case = matrix.MatrixCase(
         2, RunSpec(model=ModelSpec(sharding_types=("row_wise", "column_wise"), fused_optimizer="adagrad"), pipeline="fused:new")
     )
-    assert pipeline_check.case_id(case) == "ws2/dlrm/row_wise+column_wise/adagrad+sgd/b4x5/seed0,0/fused:new"
-    assert pipeline_check.case_id(replace(case, world_size=3)).startswith("ws3/")
+    assert matrix.case_id(case) == "ws2/dlrm/row_wise+column_wise/adagrad+sgd/b4x5/seed0,0/fused:new"
+    assert matrix.case_id(replace(case, world_size=3)).startswith("ws3/")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from paritykit import plants
+from paritykit.harness import plants
+from paritykit.harness.patching import replaced
 
 
 class Base:
@@ -15,10 +16,10 @@ class Derived(Base):
 
 
 def test_replaced_restores_an_own_attribute_and_removes_an_inherited_one():
-    with plants.replaced(Base, "value", lambda original: lambda self: original(self) + 10):
+    with replaced(Base, "value", lambda original: lambda self: original(self) + 10):
         assert Derived().value() == 11
     assert Derived().value() == 1 and "value" in vars(Base)
-    with plants.replaced(Derived, "value", lambda original: lambda self: 5):
+    with replaced(Derived, "value", lambda original: lambda self: 5):
         assert Derived().value() == 5 and Base().value() == 1
     assert "value" not in vars(Derived)
 

@@ -5,7 +5,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from paritykit.report import (
+from paritykit.gate.report import (
     JSON_SCHEMA_VERSION,
     CaseResult,
     Report,

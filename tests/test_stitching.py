@@ -7,10 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paritykit import plants
-from paritykit.models import TableSpec, build_ec, build_sharding_plan
-from paritykit.plan_strategies import shard_rank_placements
-from paritykit.stitching import (
+from paritykit.harness import plants
+from paritykit.harness.plans import module_sharding_plan
+from paritykit.harness.tables import TableSpec, build_ec
+from paritykit.checks.sharding.cases import shard_rank_placements
+from paritykit.checks.sharding.stitching import (
     arrange_in_arrival_order,
     arrival_order,
     column_slices,
@@ -100,7 +101,7 @@ def ec_tables_and_plans(draw):
 
 def _torchrec_permutation(tables, plan, world_size):
     module = build_ec(tables, seed=0)
-    module_plan = build_sharding_plan(module, plan, device="cpu", compute_kernel="fused", world_size=world_size)
+    module_plan = module_sharding_plan(module, plan, device="cpu", compute_kernel="fused", world_size=world_size)
     return torchrec_feature_permute_indices(module, module_plan)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import paritykit
-import paritykit.sync_cpu as sync_cpu
+import paritykit.sync.cpu as sync_cpu
 from paritykit.errors import HarnessError, ParityError
 from paritykit.sync import SyncRecord, count_syncs, resolve_backend, sync_guard
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paritykit import plants
+from paritykit.harness import plants
 from paritykit.checks import load_check
-from paritykit.checks.base import GateConfig
-from paritykit.checks.sync import BUDGETS, measure, run_budget
+from paritykit.checks.runner import GateConfig
+from paritykit.checks.sync.budgets import BUDGETS, measure
+from paritykit.checks.sync.matrix import run_budget
 from paritykit.errors import ParityError
 from paritykit.sync import sync_guard
 
@@ -52,7 +53,7 @@ def test_planted_tolist_in_ebc_forward_is_caught_with_its_call_site():
                 region()
     message = str(info.value)
     assert "1 synchronization(s), budget 0" in message
-    assert "tolist at paritykit/selftest/catalog_sync.py:" in message
+    assert "tolist at paritykit/checks/sync/plants.py:" in message
     assert "in forward_with_planted_tolist" in message
     # The plant is gone after the block: the same region is clean again.
     with sync_guard(max_syncs=0, backend="cpu"):

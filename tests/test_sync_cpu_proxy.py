@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from paritykit.sync import count_syncs, on_host
-from paritykit.sync_cpu import HostTensor, is_host
+from paritykit.sync.cpu import HostTensor, is_host
 
 
 def _count(fn, x):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paritykit.sync import count_syncs, sync_guard
-from paritykit.sync_cuda import SYNC_WARNING, classify_source_line, profiler_sync_count
+from paritykit.sync.cuda import SYNC_WARNING, classify_source_line, profiler_sync_count
 
 pytestmark = pytest.mark.gpu
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from paritykit import plants
+from paritykit.harness import plants
 from paritykit.checks import load_check
-from paritykit.checks.base import GateConfig
-from paritykit.checks.sync import BUDGETS, run_dist_budget
-from paritykit.selftest.runner import run_plant
-from paritykit.sync_dist_budgets import (
+from paritykit.checks.runner import GateConfig
+from paritykit.checks.sync.budgets import BUDGETS
+from paritykit.checks.sync.matrix import run_dist_budget
+from paritykit.gate.selftest import run_plant
+from paritykit.checks.sync.dist_budgets import (
     DIST_BUDGETS,
     FUSED_OVERFLOW_LOG_READS,
     INPUT_DIST_BUDGETS,

@@ -6,12 +6,14 @@ import pytest
 import torch
 from hypothesis import given
 
-from paritykit import plants
-from paritykit.checks import run_check, td_kjt
-from paritykit.checks.base import GateConfig
-from paritykit.checks.td_kjt import ShardedCase, assert_td_kjt_parity, run_sharded_case
+from paritykit.harness import plants
+from paritykit.checks.runner import GateConfig
+from paritykit.checks.td_kjt import cases as td_kjt
+from paritykit.checks.td_kjt.assertion import ROUTES, assert_td_kjt_parity
+from paritykit.checks.td_kjt.cases import ShardedCase, run_sharded_case
+from paritykit.gate.gating import run_checks
 from paritykit.errors import ParityError
-from paritykit.models import TableSpec, build_ebc, build_ec
+from paritykit.harness.tables import TableSpec, build_ebc, build_ec
 from paritykit.strategies import SparseBatch, jagged_forms, sparse_batches
 
 KEYS = ("f0", "f1", "f2")
@@ -90,7 +92,7 @@ def sharded_case(sharding: str, kernel: str, route: str, module: str = "ebc", we
 
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("sharding", td_kjt.SHARDINGS)
-@pytest.mark.parametrize("route", td_kjt.ROUTES)
+@pytest.mark.parametrize("route", ROUTES)
 def test_sharded_ebc_fed_a_td_matches_the_kjt(rank_pool, sharding: str, route: str) -> None:
     kernel = "dense" if sharding in ("data_parallel", "table_row_wise") else "fused"
     metrics = run_sharded_case(rank_pool, sharded_case(sharding, kernel, route, weighted=route == "paritykit"))
@@ -118,8 +120,8 @@ def test_planted_key_swap_is_caught_on_every_rank(rank_pool) -> None:
 @pytest.mark.slow
 def test_gate_run_passes_and_fails_under_a_plant(rank_pools) -> None:
     config = GateConfig(world_sizes=(2,), examples=4, seed=3)
-    results = run_check("td-kjt", config, rank_pools)
+    results, _ = run_checks(["td-kjt"], config, rank_pools)
     assert {r.status for r in results} == {"pass"}
     with plants.applied(["offsets-off-by-one"]):
-        failing = td_kjt.run(GateConfig(world_sizes=(), examples=20, seed=3), rank_pools)
+        failing = td_kjt.run_matrix(GateConfig(world_sizes=(), examples=20, seed=3), rank_pools)
     assert any(r.status == "fail" and "outputs" in r.message for r in failing)

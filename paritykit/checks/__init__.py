@@ -1,56 +1,75 @@
-"""The parity checks, one module each. The gate, the assertions and the tests share them.
+"""The parity checks, one folder each, behind one ``Check`` protocol; the gate, the self-test, the
+assertions and the tests all reach a check through this registry.
 
-A check module exposes ``NAME`` (the CLI name) and ``run(config, pools) -> list[CaseResult]``.
-Modules are imported lazily so that ``paritykit info`` and the pytest plugin stay cheap.
+Each check package (``paritykit/checks/<name>/``) holds everything the check knows: its gate entry
+(``CHECK``, an object satisfying ``Check``), its public assertion, its cases and strategies, and
+its planted bugs (``plants.py``). Packages are imported lazily so that ``paritykit info`` and the
+pytest plugin stay cheap.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+import importlib.util
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from paritykit.errors import HarnessError
 
-# CLI name -> module path. Order is the order the gate runs them in.
-CHECK_MODULES: dict[str, str] = {
+if TYPE_CHECKING:
+    from paritykit.checks.results import CaseResult
+    from paritykit.checks.runner import GateConfig
+    from paritykit.dist import PoolProvider
+
+
+@runtime_checkable
+class Check(Protocol):
+    """What the gate runs. ``name`` is the CLI name; ``plants`` the module registering its planted bugs."""
+
+    name: str
+    plants: str
+
+    def run(self, config: "GateConfig", pools: "PoolProvider") -> "list[CaseResult]":
+        """Every case of the check under ``config``: one CaseResult each (never raises for a case)."""
+        ...
+
+
+# CLI name -> package. Order is the order the gate runs them in.
+CHECK_PACKAGES: dict[str, str] = {
     "td-kjt": "paritykit.checks.td_kjt",
-    "cw-stitch": "paritykit.checks.cw_stitch",
+    "cw-stitch": "paritykit.checks.sharding",
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
-    "fixtures": "paritykit.checks.fixtures",
+    "fixtures": "paritykit.checks.golden",
 }
 
 
-def load_check(name: str) -> ModuleType:
-    """Import one check module, or raise HarnessError naming what is missing."""
-    if name not in CHECK_MODULES:
-        raise HarnessError(f"unknown check {name!r}; known checks: {', '.join(CHECK_MODULES)}")
+def load_check(name: str) -> Check:
+    """The check called ``name``, or HarnessError naming what is missing."""
+    if name not in CHECK_PACKAGES:
+        raise HarnessError(f"unknown check {name!r}; known checks: {', '.join(CHECK_PACKAGES)}")
     try:
-        return importlib.import_module(CHECK_MODULES[name])
+        module = importlib.import_module(CHECK_PACKAGES[name])
     except ModuleNotFoundError as exc:
-        if exc.name == CHECK_MODULES[name]:
+        if exc.name == CHECK_PACKAGES[name]:
             raise HarnessError(f"check {name!r} is not implemented in this version of paritykit") from exc
         raise
+    check = getattr(module, "CHECK", None)
+    if not isinstance(check, Check) or check.name != name:
+        raise HarnessError(f"{CHECK_PACKAGES[name]} does not define CHECK for {name!r} (a paritykit.checks.Check)")
+    return check
 
 
 def available_checks() -> list[str]:
-    """The check names whose modules exist in this installation."""
-    found = []
-    for name, module in CHECK_MODULES.items():
-        if importlib.util.find_spec(module) is not None:
-            found.append(name)
-    return found
+    """The check names whose packages exist in this installation."""
+    return [name for name, package in CHECK_PACKAGES.items() if importlib.util.find_spec(package) is not None]
 
 
-def run_check(name: str, config, pools, known_issues_file=None) -> list:
-    """Run one check and mark failures listed in the known-issues file (default: the shipped one).
+def load_plants(names: list[str] | None = None) -> None:
+    """Import the planted bugs of the named checks (default: all), which registers them."""
+    for name in names or list(CHECK_PACKAGES):
+        importlib.import_module(load_check(name).plants)
 
-    Everything that judges results (the gate, the self-test, tests of a check's run) goes through
-    here, so a known torchrec failure can never pass for a caught planted bug or a false alarm.
-    """
-    from paritykit import known_issues
 
-    results = load_check(name).run(config, pools)
-    issues = known_issues.load(known_issues_file or known_issues.DEFAULT_FILE)
-    marked, _ = known_issues.apply(results, issues, known_issues.installed_versions())
-    return marked
+def run_check(name: str, config: "GateConfig", pools: "PoolProvider") -> "list[CaseResult]":
+    """Run one check; its raw results (known issues are judged once, by the gate)."""
+    return load_check(name).run(config, pools)

@@ -1,12 +1,12 @@
 """One call of a function on every rank: what travels to the ranks, and how a rank runs it.
 
 Shared by the spawned pool's workers and by the ranks of a torchrun launch, so both run a
-function the same way: planted bugs applied, every RNG seeded, per-call state restored.
+function the same way: the caller's carried contexts entered (``paritykit.harness.call_context``:
+planted bugs, for one), every RNG seeded, per-call state restored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import pickle
 import random
@@ -15,8 +15,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from paritykit import plants
+from paritykit.dist.messages import RankError
 from paritykit.errors import HarnessError, ParityError, UnsupportedByTorchrec
+from paritykit.harness import call_context
 
 DEFAULT_SEED = 0
 
@@ -34,23 +35,14 @@ class Call:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     seed: int = DEFAULT_SEED
-    plants: tuple[str, ...] = ()
     case: str | None = None
+    # What the caller's process carries to the ranks (call_context.capture()), captured at creation.
+    contexts: tuple = field(default_factory=call_context.capture)
 
     def describe(self) -> str:
-        name = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
         case = f" case {self.case!r}" if self.case else ""
-        planted = f" plants {list(self.plants)}" if self.plants else ""
-        return f"call #{self.call_id} {name}{case} seed {self.seed}{planted}"
-
-
-@dataclass
-class RankError:
-    """An exception raised on one rank, as text (the exception object may not unpickle in the parent)."""
-
-    kind: str  # parity | unsupported | harness | exception
-    message: str
-    traceback: str
+        carried = f" with {', '.join(repr(state) for _, state in self.contexts)}" if self.contexts else ""
+        return f"call #{self.call_id} {function_name(self.fn)}{case} seed {self.seed}{carried}"
 
 
 def function_name(fn: Callable[..., Any]) -> str:
@@ -76,15 +68,14 @@ def rank_error_from(exc: BaseException) -> RankError:
 
 
 def execute(call: Call) -> Any:
-    """Run ``call`` in this process with its seed and plants; restore what it may change."""
+    """Run ``call`` in this process with its seed and carried contexts; restore what it may change."""
     import torch
 
     grad_enabled = torch.is_grad_enabled()
     default_dtype = torch.get_default_dtype()
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        # plants.applied loads the plant catalog (and torchrec with it): only pay that when needed.
-        with plants.applied(call.plants) if call.plants else contextlib.nullcontext():
+        with call_context.entered(call.contexts):
             seed_everything(call.seed)
             return call.fn(*call.args, **call.kwargs)
     finally:

@@ -19,10 +19,11 @@ import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
-from paritykit import plants
 from paritykit.dist.calls import DEFAULT_SEED, Call, RunShortcuts, dumps_with_cpu_tensors, execute, rank_error_from
 from paritykit.dist.failures import FailedCall, RankOutcome
+from paritykit.dist.messages import Raised, Returned
 from paritykit.errors import HarnessError
+from paritykit.harness.devices import default_backend, resolve_device
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -44,17 +45,13 @@ class LauncherGroup(RunShortcuts):
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise HarnessError(f"LauncherGroup device must be 'cpu', 'cuda' or None, got {device!r}")
-        self.device = device
-        self.backend = backend or ("nccl" if device == "cuda" else "gloo")
+        self.device = resolve_device(device)
+        self.backend = backend or default_backend(self.device)
         self.timeout = float(timeout)
         self.seed = seed
         self.is_reporting_rank = self.rank == 0
         self._call_ids = itertools.count(1)
-        if device == "cuda":
+        if self.device == "cuda":
             if torch.cuda.device_count() <= self.local_rank:
                 raise HarnessError(
                     f"rank {self.rank} has LOCAL_RANK {self.local_rank} but this host has "
@@ -77,21 +74,21 @@ class LauncherGroup(RunShortcuts):
         replay: str | None = None,
     ) -> list[Any]:
         """Same meaning as RankPool.call; ``timeout`` is the process group's, fixed at launch."""
-        call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, plants.active(), case)
+        call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, case)
         try:
-            reply = ("ok", execute(call))
+            reply: Returned | Raised = Returned(call.call_id, execute(call), (0, 0))
         except BaseException as exc:  # noqa: BLE001 - every rank must reach the gather below
-            reply = ("error", rank_error_from(exc))
+            reply = Raised(call.call_id, rank_error_from(exc), None)
         try:
             payload = dumps_with_cpu_tensors(reply)
         except Exception as exc:  # noqa: BLE001
-            payload = pickle.dumps(("error", rank_error_from(exc)))
+            payload = pickle.dumps(Raised(call.call_id, rank_error_from(exc), None))
         replies = [pickle.loads(data) for data in self._all_gather_bytes(payload)]
-        if all(kind == "ok" for kind, _ in replies):
-            return [value for _, value in replies]
+        if all(isinstance(r, Returned) for r in replies):
+            return [r.result for r in replies]
         outcomes = [
-            RankOutcome(rank, "returned") if kind == "ok" else RankOutcome(rank, "raised", error=value)
-            for rank, (kind, value) in enumerate(replies)
+            RankOutcome(rank, "returned") if isinstance(r, Returned) else RankOutcome(rank, "raised", error=r.error)
+            for rank, r in enumerate(replies)
         ]
         primary = next(o.rank for o in outcomes if o.state == "raised")
         replay = replay or f"torchrun ... (rank {self.rank} of {self.world_size}) .call({call.describe()})"

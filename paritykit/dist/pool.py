@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import multiprocessing
 import os
 import pickle
 import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from paritykit import plants
 from paritykit.dist import worker
-from paritykit.dist.calls import DEFAULT_SEED, Call, RankError, RunShortcuts, function_name
+from paritykit.dist.calls import DEFAULT_SEED, Call, RunShortcuts, function_name
 from paritykit.dist.failures import FailedCall, RankOutcome
+from paritykit.dist.messages import CallRequest, InitError, Raised, RankError, Returned
+from paritykit.dist.ranks import Rank, death_signal_allowed, start_ranks, stop_ranks, take_stacks
 from paritykit.dist.rendezvous import PoolDirectory
 from paritykit.errors import HarnessError
+from paritykit.harness.devices import default_backend, resolve_device
 
 MAX_WORLD_SIZE = 4
 DEFAULT_TIMEOUT_S = 120.0
@@ -35,48 +35,8 @@ DEFAULT_PRELOAD = ("torch", "torch.distributed", "torchrec")
 # the ranks rebuilt. Peers usually return within the same step, but on a loaded 2-core machine
 # (pytest -n 4) a second was seen to be too short, which cost a needless rebuild.
 DEFAULT_FAILURE_GRACE_S = 5.0
-_STACK_DUMP_WAIT_S = 2.0
-_JOIN_WAIT_S = 5.0
-# A rank asked to stop normally exits at once; one that does not is killed after this.
-_GRACEFUL_STOP_S = 1.0
 
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
-
-
-@dataclass
-class _Rank:
-    rank: int
-    process: multiprocessing.process.BaseProcess
-    conn: Connection
-    lifeline: Connection
-    stack_file: str
-    stack_offset: int = 0
-
-    def read_new_stack(self) -> str:
-        try:
-            with open(self.stack_file, "rb") as handle:
-                handle.seek(self.stack_offset)
-                data = handle.read()
-        except OSError:
-            return ""
-        self.stack_offset += len(data)
-        return data.decode(errors="replace")
-
-
-def resolve_device(device: str | None, world_size: int) -> str:
-    """None picks cuda when there is one GPU per rank, else cpu."""
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise HarnessError(f"RankPool device must be 'cpu', 'cuda' or None, got {device!r}")
-    if device == "cuda" and torch.cuda.device_count() < world_size:
-        raise HarnessError(
-            f"RankPool(world_size={world_size}, device='cuda') needs one GPU per rank; "
-            f"this machine has {torch.cuda.device_count()}"
-        )
-    return device
 
 
 class RankPool(RunShortcuts):
@@ -106,8 +66,8 @@ class RankPool(RunShortcuts):
         if timeout <= 0:
             raise HarnessError(f"RankPool timeout must be positive, got {timeout!r}")
         self.world_size = world_size
-        self.device = resolve_device(device, world_size)
-        self.backend = backend or ("nccl" if self.device == "cuda" else "gloo")
+        self.device = resolve_device(device, ranks_per_host=world_size)
+        self.backend = backend or default_backend(self.device)
         self.timeout = float(timeout)
         self.seed = seed
         self.start_timeout = float(start_timeout) if start_timeout is not None else max(120.0, self.timeout)
@@ -116,7 +76,7 @@ class RankPool(RunShortcuts):
         self.generation = 0
         self.startup_s: float | None = None
         self._directory = PoolDirectory()
-        self._ranks: list[_Rank] | None = None
+        self._ranks: list[Rank] | None = None
         self._ready = False
         self._closed = False
         self._started_at = 0.0
@@ -141,15 +101,7 @@ class RankPool(RunShortcuts):
         """Run ``fn`` on every rank. ``case`` names the case in failures; ``replay`` replaces the default replay string."""
         if self._closed:
             raise HarnessError("this RankPool is closed")
-        call = Call(
-            call_id=next(self._call_ids),
-            fn=fn,
-            args=tuple(args),
-            kwargs=dict(kwargs or {}),
-            seed=self.seed if seed is None else seed,
-            plants=plants.active(),
-            case=case,
-        )
+        call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, case)
         try:
             call_bytes = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
@@ -157,7 +109,7 @@ class RankPool(RunShortcuts):
                 f"cannot send {function_name(fn)} to the ranks: the function or an argument is not picklable "
                 f"(functions must be defined at module level): {exc}"
             ) from exc
-        message = pickle.dumps((list(sys.path), call_bytes), protocol=pickle.HIGHEST_PROTOCOL)
+        message = pickle.dumps(CallRequest(list(sys.path), call_bytes), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             self._ensure_ready()
             ranks = self._ranks
@@ -167,15 +119,16 @@ class RankPool(RunShortcuts):
                         rank.conn.send_bytes(message)
                     except OSError:
                         pass  # the rank is dead; collecting reports how it died
-                outcome = self._collect(call, ranks, timeout or self.timeout, replay or self._default_replay(call))
+                outcome = _Collector(ranks, self.failure_grace_s).collect(timeout or self.timeout)
             except BaseException:
                 # Interrupted (Ctrl-C) mid-call: the ranks are in an unknown state.
                 if self._ranks is ranks:
                     self._teardown(restart=False)
                 raise
-        if isinstance(outcome, FailedCall):
-            raise outcome.to_exception()
-        return outcome
+            if isinstance(outcome, list):
+                return outcome
+            failure = self._failed_call(call, outcome, timeout or self.timeout, replay)
+        raise failure.to_exception()
 
     def wait_ready(self) -> float:
         """Block until every rank has joined the process group; returns the start-up time in seconds."""
@@ -208,40 +161,24 @@ class RankPool(RunShortcuts):
 
     # -- starting and stopping ranks -------------------------------------------------------
 
+    def _worker_spec(self, rank: int) -> worker.WorkerSpec:
+        return worker.WorkerSpec(
+            rank=rank,
+            world_size=self.world_size,
+            backend=self.backend,
+            device=self.device,
+            init_method=self._directory.init_method(self.generation),
+            stack_file=str(self._directory.stack_file(self.generation, rank)),
+            owner_pid=os.getpid(),
+            arm_death_signal=death_signal_allowed(),
+            preload=self.preload,
+            timeout_s=self.timeout,
+            num_threads=max(1, (os.cpu_count() or 1) // self.world_size),
+        )
+
     def _start(self) -> None:
         self.generation += 1
-        # spawn: forking after torch has started threads is unsafe.
-        context = multiprocessing.get_context("spawn")
-        arm_death_signal = threading.current_thread() is threading.main_thread()
-        ranks = []
-        for rank in range(self.world_size):
-            spec = worker.WorkerSpec(
-                rank=rank,
-                world_size=self.world_size,
-                backend=self.backend,
-                device=self.device,
-                init_method=self._directory.init_method(self.generation),
-                stack_file=str(self._directory.stack_file(self.generation, rank)),
-                owner_pid=os.getpid(),
-                arm_death_signal=arm_death_signal,
-                preload=self.preload,
-                timeout_s=self.timeout,
-                num_threads=max(1, (os.cpu_count() or 1) // self.world_size),
-            )
-            parent_conn, child_conn = context.Pipe(duplex=True)
-            lifeline_reader, lifeline_writer = context.Pipe(duplex=False)
-            process = context.Process(
-                target=worker.main,
-                args=(spec, child_conn, lifeline_reader),
-                name=f"paritykit-rank{rank}",
-                daemon=True,
-            )
-            process.start()
-            # Only the rank may hold its ends: EOF must reach it when this process dies.
-            child_conn.close()
-            lifeline_reader.close()
-            ranks.append(_Rank(rank, process, parent_conn, lifeline_writer, spec.stack_file))
-        self._ranks = ranks
+        self._ranks = start_ranks([self._worker_spec(rank) for rank in range(self.world_size)])
         self._ready = False
         self._started_at = time.perf_counter()
 
@@ -254,24 +191,23 @@ class RankPool(RunShortcuts):
         waiting = {rank.conn: rank for rank in self._ranks}
         sentinels = {rank.process.sentinel: rank for rank in self._ranks}
         while waiting:
-            ready = wait(list(waiting) + [s for s, r in sentinels.items() if r.conn in waiting], deadline - time.perf_counter())
+            watched = list(waiting) + [s for s, r in sentinels.items() if r.conn in waiting]
+            ready = wait(watched, deadline - time.perf_counter())
             if not ready:
                 self._fail_start(f"ranks {sorted(r.rank for r in waiting.values())} did not start within {self.start_timeout:g} s")
             for obj in ready:
                 if obj in sentinels:
                     rank = sentinels[obj]
                     if rank.conn in waiting and not rank.conn.poll():
-                        rank.process.join(1)
-                        self._fail_start(f"rank {rank.rank} died while starting (exit code {rank.process.exitcode})\n{rank.read_new_stack()}")
+                        self._fail_start(_died_while_starting(rank))
                     continue
                 rank = waiting.pop(obj)
                 try:
                     reply = pickle.loads(obj.recv_bytes())
                 except (EOFError, OSError):
-                    rank.process.join(1)
-                    self._fail_start(f"rank {rank.rank} died while starting (exit code {rank.process.exitcode})\n{rank.read_new_stack()}")
-                if reply[0] == "init-error":
-                    self._fail_start(f"rank {rank.rank} could not join the process group: {reply[1].traceback}")
+                    self._fail_start(_died_while_starting(rank))
+                if isinstance(reply, InitError):
+                    self._fail_start(f"rank {rank.rank} could not join the process group: {reply.error.traceback}")
         self._ready = True
         self.startup_s = time.perf_counter() - self._started_at
 
@@ -285,141 +221,123 @@ class RankPool(RunShortcuts):
 
     def _stop_ranks(self, graceful: bool) -> None:
         ranks, self._ranks, self._ready = self._ranks, None, False
-        if not ranks:
-            return
-        if graceful:
-            for rank in ranks:
-                try:
-                    rank.conn.send_bytes(b"")
-                except OSError:
-                    pass
-            deadline = time.perf_counter() + _GRACEFUL_STOP_S
-            for rank in ranks:
-                rank.process.join(max(0.0, deadline - time.perf_counter()))
-        for rank in ranks:
-            if rank.process.is_alive():
-                rank.process.kill()
-        for rank in ranks:
-            rank.process.join(_JOIN_WAIT_S)
-            rank.conn.close()
-            rank.lifeline.close()
+        if ranks:
+            stop_ranks(ranks, graceful)
 
     def _teardown(self, restart: bool) -> None:
         self._stop_ranks(graceful=False)
         if restart and not self._closed:
             self._start()
 
-    # -- collecting one call ---------------------------------------------------------------
+    # -- a failed call -----------------------------------------------------------------------
 
-    def _collect(self, call: Call, ranks: list[_Rank], timeout: float, replay: str) -> list[Any] | FailedCall:
-        started = time.perf_counter()
-        results: list[Any] = [None] * len(ranks)
-        outcomes = [RankOutcome(rank.rank, "running") for rank in ranks]
-        failure_order: list[int] = []
-        dist_states: dict[int, Any] = {}
-        pending = {rank.rank: rank for rank in ranks}
-        first_failure_at = 0.0
-        by_object: dict[Any, tuple[str, _Rank]] = {}
-        for rank in ranks:
-            by_object[rank.conn] = ("conn", rank)
-            by_object[rank.process.sentinel] = ("process", rank)
-
-        while pending:
-            limit = started + timeout
-            if failure_order:
-                limit = min(limit, first_failure_at + self.failure_grace_s)
-            remaining = limit - time.perf_counter()
-            if remaining <= 0:
-                break
-            watched = [obj for obj, (_, rank) in by_object.items() if rank.rank in pending]
-            for obj in wait(watched, remaining):
-                source, rank = by_object[obj]
-                if rank.rank not in pending:
-                    continue
-                if source == "process" and rank.conn.poll():
-                    continue  # read its last reply first
-                reply = self._receive(rank) if source == "conn" else None
-                if reply is None:
-                    rank.process.join(1)
-                    code = rank.process.exitcode
-                    outcome = outcomes[rank.rank]
-                    outcome.state, outcome.exitcode = ("killed" if (code or 0) < 0 else "exited"), code
-                    outcome.stack = rank.read_new_stack()
-                elif reply[0] == "ok":
-                    results[rank.rank] = reply[2]
-                    outcomes[rank.rank].state = "returned"
-                    dist_states[rank.rank] = reply[3]
-                else:
-                    outcomes[rank.rank].state, outcomes[rank.rank].error = "raised", reply[2]
-                    dist_states[rank.rank] = reply[3]
-                del pending[rank.rank]
-                if outcomes[rank.rank].state != "returned":
-                    if not failure_order:
-                        first_failure_at = time.perf_counter()
-                    failure_order.append(rank.rank)
-
-        if not pending and not failure_order:
-            return results
-        if pending:
-            self._take_stacks([pending[r] for r in sorted(pending)], outcomes)
-        consistent = not pending and all(o.state in ("returned", "raised") for o in outcomes)
-        consistent = consistent and len(set(dist_states.values())) == 1
-        if consistent:
+    def _failed_call(self, call: Call, collected: "_Collector", timeout: float, replay: str | None) -> FailedCall:
+        if collected.pending:
+            take_stacks([collected.pending[r] for r in sorted(collected.pending)], collected.outcomes)
+        if collected.ranks_consistent():
             note = "pool: every rank returned in step; the ranks were kept"
         else:
             self._teardown(restart=True)
             note = f"pool: ranks torn down; a fresh set (generation {self.generation}) is starting"
-        # A rank that died is the cause; a peer's error in the same call (a gloo read error when the
-        # connection dropped) is its consequence, even when it arrived first.
-        died = [r for r in failure_order if outcomes[r].state in ("killed", "exited")]
-        primary = (died or failure_order or [None])[0]
-        kind = "hang" if primary is None else {"raised": "exception", "killed": "signal", "exited": "exit"}[outcomes[primary].state]
-        return FailedCall(kind, call.describe(), replay, outcomes, primary, timeout, pool_note=note)
-
-    def _receive(self, rank: _Rank) -> tuple | None:
-        """The rank's reply, or None when its pipe closed because it died."""
-        try:
-            data = rank.conn.recv_bytes()
-        except (EOFError, OSError):
-            return None
-        try:
-            return pickle.loads(data)
-        except Exception as exc:  # noqa: BLE001 - a result class this process cannot import
-            error = RankError("exception", f"its result could not be unpickled in the parent: {exc!r}", repr(exc))
-            return ("error", -1, error, None)
-
-    def _take_stacks(self, ranks: list[_Rank], outcomes: list[RankOutcome]) -> None:
-        """Ask each rank for the Python stacks of all its threads (faulthandler) and wait for them."""
-        sizes = {}
-        for rank in ranks:
-            sizes[rank.rank] = _file_size(rank.stack_file)
-            try:
-                os.kill(rank.process.pid, worker.STACK_DUMP_SIGNAL)
-            except OSError:
-                pass
-        deadline = time.perf_counter() + _STACK_DUMP_WAIT_S
-        while time.perf_counter() < deadline:
-            if all(_file_size(rank.stack_file) > sizes[rank.rank] for rank in ranks):
-                time.sleep(0.05)  # let the last lines land
-                break
-            time.sleep(0.01)
-        for rank in ranks:
-            outcomes[rank.rank].stack = rank.read_new_stack() or "(no stack: the rank did not answer the dump signal)"
+        kind, primary = collected.primary_failure()
+        return FailedCall(kind, call.describe(), replay or self._default_replay(call), collected.outcomes, primary,
+                          timeout, pool_note=note)
 
     def _default_replay(self, call: Call) -> str:
         case = f", case={call.case!r}" if call.case else ""
-        planted = f"  # with plants {list(call.plants)} applied" if call.plants else ""
+        carried = f"  # with {', '.join(repr(state) for _, state in call.contexts)}" if call.contexts else ""
         return (
             f"RankPool({self.world_size}, backend={self.backend!r}, device={self.device!r})"
-            f".call({function_name(call.fn)}, <args>, seed={call.seed}{case}){planted}"
+            f".call({function_name(call.fn)}, <args>, seed={call.seed}{case}){carried}"
         )
 
 
-def _file_size(path: str) -> int:
+class _Collector:
+    """Waits for one call's replies on every rank, noticing deaths, and a hang at the deadline."""
+
+    def __init__(self, ranks: list[Rank], failure_grace_s: float) -> None:
+        self.failure_grace_s = failure_grace_s
+        self.results: list[Any] = [None] * len(ranks)
+        self.outcomes = [RankOutcome(rank.rank, "running") for rank in ranks]
+        self.failure_order: list[int] = []
+        self.dist_states: dict[int, Any] = {}
+        self.pending = {rank.rank: rank for rank in ranks}
+        self._first_failure_at = 0.0
+        self._by_object: dict[Any, tuple[str, Rank]] = {}
+        for rank in ranks:
+            self._by_object[rank.conn] = ("conn", rank)
+            self._by_object[rank.process.sentinel] = ("process", rank)
+
+    def collect(self, timeout: float) -> "list[Any] | _Collector":
+        """The results in rank order, or this collector (holding what went wrong) on a failure."""
+        started = time.perf_counter()
+        while self.pending:
+            limit = started + timeout
+            if self.failure_order:
+                limit = min(limit, self._first_failure_at + self.failure_grace_s)
+            remaining = limit - time.perf_counter()
+            if remaining <= 0:
+                break
+            watched = [obj for obj, (_, rank) in self._by_object.items() if rank.rank in self.pending]
+            for obj in wait(watched, remaining):
+                source, rank = self._by_object[obj]
+                if rank.rank not in self.pending:
+                    continue
+                if source == "process" and rank.conn.poll():
+                    continue  # read its last reply first
+                self._record(rank, _receive(rank) if source == "conn" else None)
+        return self if (self.pending or self.failure_order) else self.results
+
+    def _record(self, rank: Rank, reply: Returned | Raised | None) -> None:
+        outcome = self.outcomes[rank.rank]
+        if reply is None:
+            rank.process.join(1)
+            code = rank.process.exitcode
+            outcome.state, outcome.exitcode = ("killed" if (code or 0) < 0 else "exited"), code
+            outcome.stack = rank.read_new_stack()
+        elif isinstance(reply, Returned):
+            self.results[rank.rank] = reply.result
+            outcome.state = "returned"
+            self.dist_states[rank.rank] = reply.dist_state
+        else:
+            outcome.state, outcome.error = "raised", reply.error
+            self.dist_states[rank.rank] = reply.dist_state
+        del self.pending[rank.rank]
+        if outcome.state != "returned":
+            if not self.failure_order:
+                self._first_failure_at = time.perf_counter()
+            self.failure_order.append(rank.rank)
+
+    def ranks_consistent(self) -> bool:
+        """Every rank came back (returned or raised) with the same process-group state: safe to keep."""
+        settled = not self.pending and all(o.state in ("returned", "raised") for o in self.outcomes)
+        return settled and len(set(self.dist_states.values())) == 1
+
+    def primary_failure(self) -> tuple[str, int | None]:
+        # A rank that died is the cause; a peer's error in the same call (a gloo read error when the
+        # connection dropped) is its consequence, even when it arrived first.
+        died = [r for r in self.failure_order if self.outcomes[r].state in ("killed", "exited")]
+        primary = (died or self.failure_order or [None])[0]
+        if primary is None:
+            return "hang", None
+        return {"raised": "exception", "killed": "signal", "exited": "exit"}[self.outcomes[primary].state], primary
+
+
+def _receive(rank: Rank) -> Returned | Raised | None:
+    """The rank's reply, or None when its pipe closed because it died."""
     try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        data = rank.conn.recv_bytes()
+    except (EOFError, OSError):
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - a result class this process cannot import
+        return Raised(-1, RankError("exception", f"its result could not be unpickled in the parent: {exc!r}", repr(exc)), None)
+
+
+def _died_while_starting(rank: Rank) -> str:
+    rank.process.join(1)
+    return f"rank {rank.rank} died while starting (exit code {rank.process.exitcode})\n{rank.read_new_stack()}"
 
 
 @atexit.register

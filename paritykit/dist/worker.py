@@ -1,8 +1,6 @@
 """The loop each rank of a RankPool runs: join the process group once, then run calls until told to stop.
 
-Messages from the parent are pickled ``(sys_path, call_bytes)`` pairs, or empty bytes to stop.
-Replies are pickled tuples: ("ready", info), ("ok", call_id, result, dist_state),
-("error", call_id, RankError, dist_state) and ("init-error", RankError).
+Messages in both directions are the named ones of ``paritykit.dist.messages``.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from multiprocessing.connection import Connection
 
 from paritykit.dist import lifeline as lifeline_mod
 from paritykit.dist.calls import add_to_sys_path, dumps_with_cpu_tensors, execute, rank_error_from
-from paritykit.noise import quiet_known_noise
+from paritykit.dist.messages import STOP, CallRequest, InitError, Raised, Ready, Returned
+from paritykit.harness.noise import quiet_known_noise
 
 # Sent by the parent to ask a rank for the Python stacks of all its threads.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -56,9 +55,9 @@ def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     try:
         _init_process_group(spec)
     except BaseException as exc:  # noqa: BLE001 - any failure to start is reported, not raised
-        conn.send_bytes(pickle.dumps(("init-error", rank_error_from(exc))))
+        conn.send_bytes(pickle.dumps(InitError(rank_error_from(exc))))
         return
-    conn.send_bytes(pickle.dumps(("ready", {"pid": os.getpid(), "startup_s": time.perf_counter() - started})))
+    conn.send_bytes(pickle.dumps(Ready(os.getpid(), time.perf_counter() - started)))
     _serve(conn)
     _shutdown()
 
@@ -91,18 +90,17 @@ def _serve(conn: Connection) -> None:
             message = conn.recv_bytes()
         except EOFError:
             return
-        if not message:
+        if message == STOP:
             return
-        sys_path, call_bytes = pickle.loads(message)
+        request: CallRequest = pickle.loads(message)
         call_id = -1
         try:
-            add_to_sys_path(sys_path)
-            call = pickle.loads(call_bytes)
+            add_to_sys_path(request.sys_path)
+            call = pickle.loads(request.call_bytes)
             call_id = call.call_id
-            reply = ("ok", call_id, execute(call), dist_state())
-            payload = dumps_with_cpu_tensors(reply)
+            payload = dumps_with_cpu_tensors(Returned(call_id, execute(call), dist_state()))
         except BaseException as exc:  # noqa: BLE001 - the parent decides; this rank stays up
-            payload = pickle.dumps(("error", call_id, rank_error_from(exc), dist_state()))
+            payload = pickle.dumps(Raised(call_id, rank_error_from(exc), dist_state()))
         conn.send_bytes(payload)
         del payload
 

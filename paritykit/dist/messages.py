@@ -1,0 +1,58 @@
+"""The messages ranks send back to the process that owns them, by name rather than by position.
+
+Parent -> rank: a pickled ``CallRequest``, or ``STOP`` (empty bytes) to stop.
+Rank -> parent: ``Ready`` or ``InitError`` once, then one ``Returned`` or ``Raised`` per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+STOP = b""
+
+
+@dataclass
+class RankError:
+    """An exception raised on one rank, as text (the exception object may not unpickle in the parent).
+
+    kind: "parity", "unsupported", "harness" (keep their type across the process boundary) or
+    "exception" (anything else).
+    """
+
+    kind: str
+    message: str
+    traceback: str
+
+
+@dataclass
+class CallRequest:
+    """A call to run: the caller's import path (so functions from test files unpickle) and the pickled Call."""
+
+    sys_path: list[str]
+    call_bytes: bytes
+
+
+@dataclass
+class Ready:
+    pid: int
+    startup_s: float
+
+
+@dataclass
+class InitError:
+    error: RankError
+
+
+@dataclass
+class Returned:
+    call_id: int
+    result: Any
+    dist_state: tuple[int, int]
+
+
+@dataclass
+class Raised:
+    call_id: int
+    error: RankError
+    dist_state: tuple[int, int] | None

@@ -1,0 +1,119 @@
+"""`paritykit selftest`: each planted bug against the check expected to catch it, and the clean
+stack for false alarms.
+
+The plants live with their checks (``paritykit/checks/<check>/plants.py``) and are found through
+the check registry. A plant is applied in the parent with ``paritykit.harness.plants.applied`` and
+reaches every rank because each call carries the caller's active plants. "Caught" means the check reported
+at least one failing case; an ``error`` (the harness could not run) is neither caught nor missed but
+reported as such, so a broken plant cannot pass for a caught one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from paritykit.checks import CHECK_PACKAGES, load_plants
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import GateConfig
+from paritykit.dist import PoolProvider
+from paritykit.errors import HarnessError
+from paritykit.gate.gating import run_checks
+from paritykit.harness import plants
+
+
+@dataclass
+class PlantOutcome:
+    plant: str
+    check: str
+    description: str
+    verdict: str  # caught / missed / error
+    seconds: float
+    evidence: str
+
+
+@dataclass
+class CleanRun:
+    check: str
+    seed: int
+    false_alarms: list[CaseResult]
+    cases: int
+
+
+def run_plant(name: str, config: GateConfig, pools: PoolProvider) -> PlantOutcome:
+    plant = plants.PLANTS[name]
+    check, description = plant.check, plant.description
+    started = time.perf_counter()
+    with plants.applied([name]):
+        results, _ = run_checks([check], config, pools)
+    failed = [r for r in results if r.status == "fail"]
+    errors = [r for r in results if r.status == "error"]
+    if failed:
+        verdict, evidence = "caught", _headline(failed[0])
+    elif errors:
+        verdict, evidence = "error", errors[0].message.splitlines()[0]
+    else:
+        verdict, evidence = "missed", f"{len(results)} cases passed"
+    return PlantOutcome(name, check, description, verdict, time.perf_counter() - started, evidence[:160])
+
+
+def _headline(case: CaseResult) -> str:
+    """The line of a failure that says what differed: a located difference if there is one."""
+    lines = [line.strip() for line in case.message.splitlines() if line.strip()]
+    located = [line for line in lines if line.startswith(("[value]", "[structure]"))]
+    return (located or lines or [case.case_id])[0]
+
+
+def run_clean(check: str, config: GateConfig, pools: PoolProvider) -> CleanRun:
+    results, _ = run_checks([check], config, pools)
+    return CleanRun(check, config.seed, [r for r in results if r.status in ("fail", "error")], len(results))
+
+
+def format_table(outcomes: list[PlantOutcome]) -> str:
+    rows = [("planted bug", "expected catching check", "result", "time (s)", "evidence")]
+    rows += [(o.plant, o.check, o.verdict, f"{o.seconds:.1f}", o.evidence) for o in outcomes]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)) for row in rows]
+    caught = sum(o.verdict == "caught" for o in outcomes)
+    lines.append(f"kill rate: {caught}/{len(outcomes)}" + (f" ({100 * caught / len(outcomes):.0f}%)" if outcomes else ""))
+    return "\n".join(lines)
+
+
+def catalog() -> dict[str, plants.Plant]:
+    """Every planted bug of every check, found through the check registry."""
+    load_plants(list(CHECK_PACKAGES))
+    return dict(plants.PLANTS)
+
+
+def run_selftest_command(names: list[str] | None, list_only: bool, device: str, examples: int, clean_seeds: int) -> int:
+    """The command: print the catalog, or run the plants and the clean runs; exit 1 on a miss or false alarm."""
+    known = catalog()
+    if list_only:
+        for name in sorted(known):
+            print(f"{name:<32} {known[name].check:<10} {known[name].description}")
+        return 0
+    names = names or sorted(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise HarnessError(f"unknown planted bug(s) {unknown}; `paritykit selftest --list` shows the catalog")
+    outcomes, clean_runs = [], []
+    checks = sorted({known[n].check for n in names})
+    with PoolProvider(device=device) as pools:
+        for name in names:
+            config = GateConfig(device=device, world_sizes=(2,), examples=examples, seed=0, shrink=False)
+            outcomes.append(run_plant(name, config, pools))
+            print(f"paritykit selftest: {name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
+        for seed in range(clean_seeds):
+            for check in checks:
+                config = GateConfig(device=device, world_sizes=(2,), examples=examples, seed=seed, shrink=False)
+                clean_runs.append(run_clean(check, config, pools))
+    print(format_table(outcomes))
+    false_alarms = [case for run in clean_runs for case in run.false_alarms]
+    print(f"false alarms: {len(false_alarms)} in {sum(r.cases for r in clean_runs)} clean cases "
+          f"({len(clean_runs)} clean runs: checks {', '.join(checks)} x {clean_seeds} seeds)")
+    for case in false_alarms:
+        print(f"  [{case.status}] {case.check} :: {case.case_id}: {case.message.splitlines()[0] if case.message else ''}")
+    missed = [o for o in outcomes if o.verdict != "caught"]
+    return 1 if missed or false_alarms else 0
+

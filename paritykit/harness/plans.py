@@ -1,0 +1,155 @@
+"""The one plan type: per-table placements, normalised, validated, described and handed to torchrec.
+
+    plan = {"t0": ("column_wise", (0, 1, 0)), "t1": ("table_wise", 1), "t2": ("row_wise",),
+            "t3": ("table_row_wise", 0), "t4": ("data_parallel",)}
+    validate_plan(tables, plan, world_size)     # normalised; HarnessError naming the table or rank
+    describe_plan(plan)                         # "{'t0': column_wise(0,1,0), 't1': table_wise(1)}"
+    module_sharding_plan(module, plan, ...)     # torchrec's EmbeddingModuleShardingPlan
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from paritykit.errors import HarnessError
+
+# Plan entry kinds (torchrec's sharding type names) and the number of arguments each takes.
+PLAN_KINDS = {"column_wise": 1, "table_wise": 1, "row_wise": 0, "table_row_wise": 1, "data_parallel": 0}
+
+
+def normalize_plan_entry(table: str, entry: Any) -> tuple:
+    """("column_wise", ranks) etc. as a tuple of (kind, *args); a clear error names the table at fault."""
+    if isinstance(entry, str):
+        entry = (entry,)
+    if not isinstance(entry, (tuple, list)) or not entry or entry[0] not in PLAN_KINDS:
+        raise HarnessError(f"plan entry for table {table!r} is {entry!r}; expected (kind, ...) with kind in {list(PLAN_KINDS)}")
+    kind, args = entry[0], tuple(entry[1:])
+    if len(args) != PLAN_KINDS[kind]:
+        raise HarnessError(f"plan entry for table {table!r}: {kind} takes {PLAN_KINDS[kind]} argument(s), got {args!r}")
+    if kind == "column_wise":
+        ranks = tuple(int(r) for r in args[0])
+        if not ranks:
+            raise HarnessError(f"plan entry for table {table!r}: column_wise needs at least one rank")
+        return (kind, ranks)
+    return (kind, *(int(a) for a in args))
+
+
+def entry_ranks(entry: tuple) -> tuple[int, ...]:
+    """The ranks a normalised entry names explicitly (CW shard ranks, the TW rank)."""
+    if entry[0] == "column_wise":
+        return entry[1]
+    if entry[0] == "table_wise":
+        return (entry[1],)
+    return ()
+
+
+def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> dict[str, tuple]:
+    """The plan with every entry normalised; raises HarnessError naming the table or rank at fault.
+
+    ``tables`` are TableSpecs (anything with ``name`` and ``embedding_dim``).
+    """
+    names = [t.name for t in tables]
+    missing = [n for n in names if n not in plan]
+    unknown = [n for n in plan if n not in names]
+    if missing or unknown:
+        raise HarnessError(f"plan does not match the tables: missing {missing}, unknown {unknown} (tables: {names})")
+    normalized = {}
+    for table in tables:
+        entry = normalize_plan_entry(table.name, plan[table.name])
+        bad = [r for r in entry_ranks(entry) if not 0 <= r < world_size]
+        if bad:
+            raise HarnessError(f"plan entry for table {table.name!r}: rank(s) {bad} outside world size {world_size}")
+        if entry[0] == "column_wise" and table.embedding_dim % len(entry[1]):
+            raise HarnessError(
+                f"plan entry for table {table.name!r}: embedding_dim {table.embedding_dim} "
+                f"is not divisible into {len(entry[1])} column-wise shards"
+            )
+        normalized[table.name] = entry
+    return normalized
+
+
+def describe_plan(plan: Mapping[str, Any]) -> str:
+    """A compact, replayable rendering: {'t0': column_wise(0,1,0), 't1': table_wise(1)}."""
+    parts = []
+    for table, entry in plan.items():
+        kind, *args = normalize_plan_entry(table, entry)
+        rendered = ",".join(str(a) for a in (args[0] if kind == "column_wise" else args))
+        parts.append(f"{table!r}: {kind}({rendered})")
+    return "{" + ", ".join(parts) + "}"
+
+
+def parameter_sharding_generator(entry: tuple, compute_kernel: str):
+    """torchrec's own ``sharding_plan`` generator for a normalised entry."""
+    from torchrec.distributed import sharding_plan as sp
+
+    kind, *args = entry
+    if kind == "column_wise":
+        return sp.column_wise(ranks=list(args[0]), compute_kernel=compute_kernel)
+    if kind == "table_wise":
+        return sp.table_wise(rank=args[0], compute_kernel=compute_kernel)
+    if kind == "row_wise":
+        return sp.row_wise(compute_kernel=compute_kernel)
+    if kind == "table_row_wise":
+        # torchrec's table_row_wise takes no kernel; it picks one itself.
+        return sp.table_row_wise(host_index=args[0])
+    return sp.data_parallel()
+
+
+def sharder_for(module: nn.Module, fused_params: dict[str, Any] | None = None):
+    """torchrec's sharder for an EmbeddingCollection or EmbeddingBagCollection."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    if isinstance(module, EmbeddingCollection):
+        return EmbeddingCollectionSharder(fused_params=fused_params)
+    if isinstance(module, EmbeddingBagCollection):
+        return EmbeddingBagCollectionSharder(fused_params=fused_params)
+    raise HarnessError(f"paritykit shards EmbeddingCollection and EmbeddingBagCollection, got {type(module).__name__}")
+
+
+def module_sharding_plan(module: nn.Module, plan: Mapping[str, Any], *, device: str, compute_kernel: str, world_size: int):
+    """torchrec's EmbeddingModuleShardingPlan for ``plan``, built with its sharding_plan helpers."""
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    generators = {
+        table: parameter_sharding_generator(normalize_plan_entry(table, entry), compute_kernel)
+        for table, entry in plan.items()
+    }
+    # One host: every rank is local, which is what table_row_wise(host_index=0) spreads over.
+    return construct_module_sharding_plan(
+        module, generators, world_size=world_size, local_size=world_size, device_type=torch.device(device).type
+    )
+
+
+def placements_for(module_kind: str, device: str) -> tuple[str, ...]:
+    """The sharding types torchrec's sharder for "ec"/"ebc" offers on ``device`` that a plan can express."""
+    sharder = _sharder_class(module_kind)()
+    return tuple(t for t in sharder.sharding_types(torch.device(device).type) if t in PLAN_KINDS)
+
+
+def compute_kernels(device: str, sharding_type: str, module_kind: str = "ec") -> tuple[str, ...]:
+    """The compute kernels torchrec's sharding_plan helpers accept for a sharding type on a device.
+
+    That is dense for every type, plus what the module's sharder advertises (fused on CPU; the UVM
+    and key-value kernels on CUDA). Kernels that need storage this harness does not set up
+    (key_value, virtual tables) are left out.
+    """
+    sharder = _sharder_class(module_kind)()
+    offered = ["dense"] + list(sharder.compute_kernels(sharding_type, torch.device(device).type))
+    usable = ("dense", "fused", "fused_uvm", "fused_uvm_caching")
+    return tuple(k for k in dict.fromkeys(offered) if k in usable)
+
+
+def _sharder_class(module_kind: str):
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    classes = {"ec": EmbeddingCollectionSharder, "ebc": EmbeddingBagCollectionSharder}
+    if module_kind not in classes:
+        raise HarnessError(f"module kind must be 'ec' or 'ebc', got {module_kind!r}")
+    return classes[module_kind]

@@ -1,1 +1,0 @@
-"""The self-test: planted bugs and the command that shows which check catches each."""

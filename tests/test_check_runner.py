@@ -1,0 +1,49 @@
+"""run_property: every example becomes a case; a failure is shrunk and reported once with a replay."""
+
+from hypothesis import strategies as st
+
+from paritykit.checks.runner import GateConfig, result_from_exception, run_property
+from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
+
+
+def body(value):
+    if value == 7:
+        raise UnsupportedByTorchrec("torchrec refuses 7")
+    if value > 50:
+        raise ParityError(f"{value} differs")
+    return {"value": value}
+
+
+def test_every_example_passes_with_its_metrics():
+    results = run_property("demo", st.integers(0, 50).filter(lambda v: v != 7), body, GateConfig(examples=10, seed=1))
+    assert len(results) >= 5
+    assert all(r.status == "pass" and r.metrics["value"] == int(r.case_id) for r in results)
+
+
+def test_failure_is_shrunk_to_the_minimal_case_with_a_replay_string():
+    results = run_property("demo", st.integers(0, 1000), body, GateConfig(examples=50, seed=3))
+    failures = [r for r in results if r.status == "fail"]
+    assert len(failures) == 1
+    assert failures[0].case_id == "51" and failures[0].message == "51 differs"
+    assert "paritykit gate --check demo" in failures[0].replay and "--seed 3" in failures[0].replay
+
+
+def test_unsupported_is_reported_apart_from_failures_and_explicit_examples_run_first():
+    results = run_property("demo", st.integers(0, 5), body, GateConfig(examples=3), explicit=(7, 2))
+    assert [(r.case_id, r.status) for r in results[:2]] == [("7", "unsupported"), ("2", "pass")]
+
+
+def test_without_shrinking_the_first_failure_is_reported():
+    results = run_property("demo", st.just(900), body, GateConfig(examples=2, shrink=False))
+    assert [r.case_id for r in results if r.status == "fail"] == ["900"]
+
+
+def test_exception_kinds_map_to_statuses():
+    def status(exc):
+        return result_from_exception("c", "id", "r", exc, 0.0).status
+
+    assert status(ParityError("x")) == "fail"
+    assert status(RankFailure("rank 1 killed by SIGABRT")) == "fail"
+    assert status(UnsupportedByTorchrec("no")) == "unsupported"
+    assert status(HarnessError("no gpu")) == "error"
+    assert status(ZeroDivisionError("inside torchrec")) == "fail"
