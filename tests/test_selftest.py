@@ -20,7 +20,7 @@ def test_catalog_has_at_least_twelve_plants_over_every_check():
     catalog = plant_catalog()
     checks = {plant.check for plant in catalog.values()}
     assert len(catalog) >= 12
-    assert {"td-kjt", "cw-stitch", "pipeline", "sync"} <= checks
+    assert {"td-kjt", "sharding", "pipeline", "sync"} <= checks
     assert set(FAST_SUBSET) <= set(catalog)
 
 

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from paritykit.harness import plants
 from paritykit.harness.plans import module_sharding_plan
 from paritykit.harness.tables import TableSpec, build_ec
-from paritykit.checks.sharding.cases import shard_rank_placements
 from paritykit.checks.sharding.stitching import (
     arrange_in_arrival_order,
     arrival_order,
@@ -22,6 +21,13 @@ from paritykit.checks.sharding.stitching import (
     stitch,
     torchrec_feature_permute_indices,
 )
+
+
+@st.composite
+def shard_rank_placements(draw, max_world_size: int = 4, max_shards: int = 6) -> list[int]:
+    """Arbitrary CW shard ranks: repeats and unsorted orders included."""
+    world_size = draw(st.integers(1, max_world_size))
+    return draw(st.lists(st.integers(0, world_size - 1), min_size=1, max_size=max_shards))
 
 
 def test_seed_commit_example_shard_ranks_0_1_0_permute_to_0_2_1():

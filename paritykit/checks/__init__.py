@@ -36,15 +36,20 @@ class Check(Protocol):
 # CLI name -> package. Order is the order the gate runs them in.
 CHECK_PACKAGES: dict[str, str] = {
     "td-kjt": "paritykit.checks.td_kjt",
-    "cw-stitch": "paritykit.checks.sharding",
+    "sharding": "paritykit.checks.sharding",
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
     "fixtures": "paritykit.checks.golden",
 }
 
 
+# Former names that keep working on the command line.
+ALIASES: dict[str, str] = {"cw-stitch": "sharding"}
+
+
 def load_check(name: str) -> Check:
-    """The check called ``name``, or HarnessError naming what is missing."""
+    """The check called ``name`` (or a former name of it), or HarnessError naming what is missing."""
+    name = ALIASES.get(name, name)
     if name not in CHECK_PACKAGES:
         raise HarnessError(f"unknown check {name!r}; known checks: {', '.join(CHECK_PACKAGES)}")
     try:

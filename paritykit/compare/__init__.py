@@ -39,9 +39,14 @@ def assert_close(
     exact: bool = False,
     msg: str | None = None,
     name: str | None = None,
+    max_relative: float = 0.0,
 ) -> None:
-    """Raise ParityError listing where ``actual`` and ``expected`` differ; return None if they agree."""
-    differences = find_differences(actual, expected, rtol=rtol, atol=atol, exact=exact, name=name)
+    """Raise ParityError listing where ``actual`` and ``expected`` differ; return None if they agree.
+
+    ``max_relative`` makes the bound norm-wise: each compared tensor's atol grows by
+    ``max_relative * max(|expected|)`` of that tensor (see paritykit.compare.bounds).
+    """
+    differences = find_differences(actual, expected, rtol=rtol, atol=atol, exact=exact, name=name, max_relative=max_relative)
     if differences:
         raise ParityError(format_differences(differences, msg=msg, exact=exact))
 
@@ -54,12 +59,15 @@ def find_differences(
     atol: float | None = None,
     exact: bool = False,
     name: str | None = None,
+    max_relative: float = 0.0,
 ) -> list[Difference]:
     """Every difference (up to MAX_REPORTED_DIFFERENCES), in walk order."""
     if (rtol is None) != (atol is None):
         raise ValueError("give both rtol and atol, or neither (then the per-dtype defaults apply)")
+    if max_relative < 0:
+        raise ValueError(f"max_relative must be non-negative, got {max_relative}")
     out: list[Difference] = []
-    walk(actual, expected, name or _root_name(expected), Policy(rtol, atol, exact), out)
+    walk(actual, expected, name or _root_name(expected), Policy(rtol, atol, exact, max_relative), out)
     return out[:MAX_REPORTED_DIFFERENCES]
 
 

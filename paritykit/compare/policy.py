@@ -38,3 +38,5 @@ class Policy:
     rtol: float | None
     atol: float | None
     exact: bool
+    # atol grows by this many times the largest |expected| of each compared tensor (norm-wise bound).
+    max_relative: float = 0.0

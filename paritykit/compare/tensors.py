@@ -30,6 +30,10 @@ def compare_tensor(actual: torch.Tensor, expected: torch.Tensor, path: str, poli
     e = _as_real(expected.detach().to("cpu"))
     if a.numel() == 0:
         return
+    if policy.max_relative and e.is_floating_point():
+        finite = e[torch.isfinite(e)]
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        tolerance = (tolerance[0], tolerance[1] + policy.max_relative * scale)
     mismatch = _mismatch_mask(a, e, policy.exact, tolerance)
     count = int(mismatch.sum())
     if count == 0:

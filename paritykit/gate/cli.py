@@ -38,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from paritykit.checks import CHECK_PACKAGES
+    from paritykit.checks import ALIASES, CHECK_PACKAGES
 
     parser = argparse.ArgumentParser(prog="paritykit", description="Numerical-parity checks for TorchRec")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gate = sub.add_parser("gate", help="run the parity matrix and answer pass/fail")
-    gate.add_argument("--check", action="append", choices=list(CHECK_PACKAGES), help="a check to run (repeatable); default: all")
+    gate.add_argument("--check", action="append", choices=list(CHECK_PACKAGES) + list(ALIASES), help="a check to run (repeatable); default: all")
     gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     gate.add_argument("--world-size", type=_world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
     gate.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, help="hypothesis examples per property")

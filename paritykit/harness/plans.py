@@ -18,7 +18,17 @@ from torch import nn
 from paritykit.errors import HarnessError
 
 # Plan entry kinds (torchrec's sharding type names) and the number of arguments each takes.
-PLAN_KINDS = {"column_wise": 1, "table_wise": 1, "row_wise": 0, "table_row_wise": 1, "data_parallel": 0}
+PLAN_KINDS = {
+    "column_wise": 1,
+    "table_column_wise": 1,
+    "table_wise": 1,
+    "row_wise": 0,
+    "table_row_wise": 1,
+    "grid_shard": 1,
+    "data_parallel": 0,
+}
+# Kinds whose argument is a sequence of ranks (or host indexes) rather than one number.
+_SEQUENCE_ARGUMENT = ("column_wise", "table_column_wise", "grid_shard")
 
 
 def normalize_plan_entry(table: str, entry: Any) -> tuple:
@@ -30,17 +40,17 @@ def normalize_plan_entry(table: str, entry: Any) -> tuple:
     kind, args = entry[0], tuple(entry[1:])
     if len(args) != PLAN_KINDS[kind]:
         raise HarnessError(f"plan entry for table {table!r}: {kind} takes {PLAN_KINDS[kind]} argument(s), got {args!r}")
-    if kind == "column_wise":
+    if kind in _SEQUENCE_ARGUMENT:
         ranks = tuple(int(r) for r in args[0])
         if not ranks:
-            raise HarnessError(f"plan entry for table {table!r}: column_wise needs at least one rank")
+            raise HarnessError(f"plan entry for table {table!r}: {kind} needs at least one rank")
         return (kind, ranks)
     return (kind, *(int(a) for a in args))
 
 
 def entry_ranks(entry: tuple) -> tuple[int, ...]:
     """The ranks a normalised entry names explicitly (CW shard ranks, the TW rank)."""
-    if entry[0] == "column_wise":
+    if entry[0] in ("column_wise", "table_column_wise"):
         return entry[1]
     if entry[0] == "table_wise":
         return (entry[1],)
@@ -63,7 +73,7 @@ def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: in
         bad = [r for r in entry_ranks(entry) if not 0 <= r < world_size]
         if bad:
             raise HarnessError(f"plan entry for table {table.name!r}: rank(s) {bad} outside world size {world_size}")
-        if entry[0] == "column_wise" and table.embedding_dim % len(entry[1]):
+        if entry[0] in ("column_wise", "table_column_wise") and table.embedding_dim % len(entry[1]):
             raise HarnessError(
                 f"plan entry for table {table.name!r}: embedding_dim {table.embedding_dim} "
                 f"is not divisible into {len(entry[1])} column-wise shards"
@@ -77,18 +87,23 @@ def describe_plan(plan: Mapping[str, Any]) -> str:
     parts = []
     for table, entry in plan.items():
         kind, *args = normalize_plan_entry(table, entry)
-        rendered = ",".join(str(a) for a in (args[0] if kind == "column_wise" else args))
+        rendered = ",".join(str(a) for a in (args[0] if kind in _SEQUENCE_ARGUMENT else args))
         parts.append(f"{table!r}: {kind}({rendered})")
     return "{" + ", ".join(parts) + "}"
 
 
-def parameter_sharding_generator(entry: tuple, compute_kernel: str):
-    """torchrec's own ``sharding_plan`` generator for a normalised entry."""
+def parameter_sharding_generator(entry: tuple, compute_kernel: str | None):
+    """torchrec's own ``sharding_plan`` generator for a normalised entry (``compute_kernel`` None:
+    torchrec chooses, fused for a table that carries an in-backward optimizer)."""
     from torchrec.distributed import sharding_plan as sp
 
     kind, *args = entry
     if kind == "column_wise":
         return sp.column_wise(ranks=list(args[0]), compute_kernel=compute_kernel)
+    if kind == "table_column_wise":
+        return table_column_wise(list(args[0]), compute_kernel)
+    if kind == "grid_shard":
+        return sp.grid_shard(host_indexes=list(args[0]))
     if kind == "table_wise":
         return sp.table_wise(rank=args[0], compute_kernel=compute_kernel)
     if kind == "row_wise":
@@ -97,6 +112,22 @@ def parameter_sharding_generator(entry: tuple, compute_kernel: str):
         # torchrec's table_row_wise takes no kernel; it picks one itself.
         return sp.table_row_wise(host_index=args[0])
     return sp.data_parallel()
+
+
+def table_column_wise(ranks: list[int], compute_kernel: str | None = None):
+    """TWCW: column-wise shards on ranks of one host. torchrec's sharding_plan has no helper for it;
+    this is its column_wise generator with the sharding type torchrec's TwCw sharding reads."""
+    import dataclasses
+
+    from torchrec.distributed import sharding_plan as sp
+
+    column_wise = sp.column_wise(ranks=ranks, compute_kernel=compute_kernel)
+
+    def generator(param, local_size, world_size, device_type, sharder):
+        sharding = column_wise(param, local_size, world_size, device_type, sharder)
+        return dataclasses.replace(sharding, sharding_type="table_column_wise")
+
+    return generator
 
 
 def sharder_for(module: nn.Module, fused_params: dict[str, Any] | None = None):
@@ -124,6 +155,14 @@ def module_sharding_plan(module: nn.Module, plan: Mapping[str, Any], *, device: 
     return construct_module_sharding_plan(
         module, generators, world_size=world_size, local_size=world_size, device_type=torch.device(device).type
     )
+
+
+def implemented_placements(module_kind: str, device: str) -> tuple[str, ...]:
+    """Every sharding type torchrec's sharder for "ec"/"ebc" implements (advertised on ``device`` or on
+    CUDA: a type advertised for CUDA only still runs on CPU through the same code)."""
+    sharder = _sharder_class(module_kind)()
+    kinds = list(sharder.sharding_types(torch.device(device).type)) + list(sharder.sharding_types("cuda"))
+    return tuple(k for k in dict.fromkeys(kinds) if k in PLAN_KINDS)
 
 
 def placements_for(module_kind: str, device: str) -> tuple[str, ...]:

@@ -1,171 +1,84 @@
-"""cw-stitch: a sharded EC/EBC (column-wise tables on ranks in any order, mixed with TW/RW/DP)
-against the same module unsharded with the same weights.
+"""``assert_sharded_matches_unsharded``: a model sharded any way torchrec offers trains exactly like
+the unsharded model, step by step.
 
-On every rank: torchrec's per-feature CW permutation equals paritykit's stitching.py; each output
-feature (EC JaggedTensor: values, lengths, indices; EBC KeyedTensor column) equals the unsharded
-module's on that rank's batch; after one backward and one SGD step the tables gathered from the
-shards equal the unsharded module stepped on every rank's batch.
+    def tutorial_model():                      # module level, so the ranks can build it too
+        return MyRanker(...)
+
+    paritykit.assert_sharded_matches_unsharded(
+        tutorial_model,
+        {"user": table_wise(rank=1), "item": column_wise(ranks=[1, 0, 1]), "ads": row_wise()},
+        batches,                               # batches[step][rank]: what the model's forward takes
+        pool=rank_pool,                        # optional: a RankPool of len(batches[0]) ranks
+    )
+
+Everything that can be decided without ranks is decided first, in the caller: the plan is resolved
+into torchrec's ShardingPlan and validated against the model (unknown or missing tables, ranks
+outside the world, overlapping shards: HarnessError naming the table), the batches are checked
+(one per rank per step, KJT lengths against values, ids inside their tables), and the unsharded
+reference is trained (reference.py). Then the ranks train the sharded model from the same initial
+state, and every step's outputs and losses, the final tables gathered from the shards, the dense
+parameters and the optimizers' state are compared (comparison.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.cases import ShardingCase
-from paritykit.checks.sharding.stitching import expected_feature_permute_indices
-from paritykit.compare import find_differences, format_differences
-from paritykit.errors import HarnessError, ParityError, UnsupportedByTorchrec
-from paritykit.harness.plans import describe_plan
-from paritykit.harness.seeding import generator
-from paritykit.harness.sharded import copy_full_weights_into, gather_full_weights, sgd_step_dense_parameters, shard_module
-from paritykit.harness.tables import (
-    build_ebc,
-    build_ec,
-    feature_names_of,
-    kjt_from_rows,
-    seeded_full_weights,
-    table_of_key,
-    unsharded_full_weights,
-)
+from paritykit.checks.sharding.comparison import Tolerance, compare_records
+from paritykit.checks.sharding.reference import train_reference
+from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup, gradient_division
+from paritykit.checks.sharding.tolerances import tolerance_for
+from paritykit.checks.sharding.training import TrainingSetup, assemble_records, train_on_rank
+from paritykit.errors import HarnessError
+from paritykit.harness.devices import resolve_device
+from paritykit.harness.optimizers import OptimizerSpec
 
-LEARNING_RATE = 0.1
+def assert_sharded_matches_unsharded(
+    model_fn: Callable[[], torch.nn.Module],
+    plan: Any,
+    batches: Any,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    pool: Any = None,
+    embedding_optimizer: OptimizerSpec | str | None = None,
+    dense_optimizer: OptimizerSpec | str | None = None,
+    lr: float = DEFAULT_LR,
+    seed: int = 0,
+    tolerance: Tolerance | None = None,
+) -> dict[str, Any]:
+    """Train ``model_fn()`` sharded by ``plan`` and unsharded for ``len(batches)`` steps; ParityError
+    naming step, rank, table or output and element at the first difference. Returns what was compared.
 
-
-def _case_header(case: ShardingCase, rank: int) -> str:
-    return f"cw-stitch {case.module} plan={_plan(case)} kernel={case.kernel} rank={rank}"
-
-
-def _plan(case: ShardingCase) -> str:
-    return describe_plan(case.plan)
-
-
-def _build_unsharded(case: ShardingCase, seed: int) -> torch.nn.Module:
-    if case.module == "ec":
-        return build_ec(case.tables, seed=seed, need_indices=case.need_indices)
-    return build_ebc(case.tables, seed=seed, is_weighted=case.weighted)
-
-
-def _local_kjt(case: ShardingCase, rank: int):
-    weights = case.weights[rank] if case.weights is not None else None
-    return kjt_from_rows(feature_names_of(case.tables), case.batches[rank], weights)
-
-
-def _outputs_by_key(case: ShardingCase, output: Any) -> dict[str, Any]:
-    if hasattr(output, "wait") and not isinstance(output, dict):
-        output = output.wait()
-    if case.module == "ec":
-        return dict(output)
-    return {key: output[key] for key in output.keys()}
-
-
-def _upstream_gradient(case: ShardingCase, rank: int, key: str, like: torch.Tensor) -> torch.Tensor:
-    # A fixed pseudo-random upstream gradient per (rank, output key), so every element matters.
-    return torch.randn(like.shape, generator=generator("upstream-gradient", case.seed, rank, key))
+    ``plan`` maps table names (or module FQNs to tables) to torchrec's ``sharding_plan`` generators, or
+    is a torchrec ``ShardingPlan``. ``batches[step][rank]`` is what the model's forward takes (a tuple
+    is its positional arguments). Tables train with ``embedding_optimizer`` ("sgd", "adagrad",
+    "rowwise_adagrad" or an OptimizerSpec; fused), everything else with ``dense_optimizer``; both at
+    ``lr`` unless an OptimizerSpec says otherwise. ``loss_fn(output, batch)`` defaults to a fixed
+    function of every output element. Without ``pool`` a RankPool of the right size is started and
+    closed. ``tolerance`` defaults to ``tolerance_for(setup)`` (see tolerances.py).
+    """
+    if isinstance(model_fn, ShardingCase):
+        # The built-in case form: assert_sharded_matches_unsharded(case, pool).
+        return run_sharding_case(model_fn, plan)
+    device = resolve_device(getattr(pool, "device", None) or "cpu")
+    setup = build_setup(model_fn, plan, batches, loss_fn=loss_fn, embedding_optimizer=embedding_optimizer,
+                        dense_optimizer=dense_optimizer, lr=lr, seed=seed, device=device)
+    reference = train_reference(setup, division=gradient_division())
+    per_rank = _run_on_ranks(setup, pool)
+    header = f"{getattr(model_fn, '__qualname__', repr(model_fn))} sharded over {setup.world_size} ranks"
+    return compare_records(assemble_records(per_rank), reference, tolerance or tolerance_for(setup), header)
 
 
-def _loss(case: ShardingCase, rank: int, outputs: dict[str, Any]) -> torch.Tensor:
-    total = torch.zeros(())
-    for key in sorted(outputs):
-        values = outputs[key].values() if case.module == "ec" else outputs[key]
-        total = total + (values * _upstream_gradient(case, rank, key, values)).sum()
-    return total
+def _run_on_ranks(setup: TrainingSetup, pool: Any) -> list[dict[str, Any]]:
+    if pool is None:
+        from paritykit.dist import RankPool
 
-
-def _first_difference(name: str, actual: Any, expected: Any, exact: bool) -> str | None:
-    differences = find_differences(actual, expected, exact=exact, name=name)
-    return format_differences(differences[:3], exact=exact) if differences else None
-
-
-def _check_permutation(case: ShardingCase, sharded: torch.nn.Module) -> str | None:
-    if case.module != "ec":
-        return None
-    ours = expected_feature_permute_indices(case.tables, case.plan)
-    theirs = {k: list(v) for k, v in sharded._features_to_permute_indices.items()}
-    for feature in sorted(set(ours) | set(theirs)):
-        if ours.get(feature) != theirs.get(feature):
-            return (
-                f"CW permutation for feature {feature!r}: torchrec computed {theirs.get(feature)}, "
-                f"paritykit's stitching.py expects {ours.get(feature)}"
-            )
-    return None
-
-
-def _reference_step(case: ShardingCase) -> dict[str, torch.Tensor]:
-    """The unsharded module after one SGD step on every rank's batch (what the shards should hold)."""
-    reference = _build_unsharded(case, case.seed)
-    loss = sum(_loss(case, r, _outputs_by_key(case, reference(_local_kjt(case, r)))) for r in range(case.world_size))
-    loss.backward()
-    from torchrec.distributed.comm_ops import get_gradient_division
-
-    # Data-parallel replicas average gradients over ranks (DDP); model-parallel shards average
-    # them too while torchrec's all-to-all gradient division is on (its default), else sum them.
-    model_parallel_scale = 1.0 / case.world_size if get_gradient_division() else 1.0
-    stepped = {}
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            table = table_of_key(name)
-            scale = 1.0 / case.world_size if case.plan[table][0] == "data_parallel" else model_parallel_scale
-            grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            stepped[table] = param.detach() - LEARNING_RATE * scale * grad
-    full = unsharded_full_weights(reference)
-    return {table: stepped.get(table, full[table]) for table in full}
-
-
-def check_case_on_rank(case: ShardingCase) -> dict[str, Any]:
-    """Runs on every rank of the pool. Raises ParityError naming the plan, kernel, feature and element."""
-    import torch.distributed as dist
-
-
-    rank = dist.get_rank()
-    header = _case_header(case, rank)
-    # Sharded from other weights, then overwritten: a copy that misses a shard cannot pass.
-    try:
-        sharded = shard_module(
-            _build_unsharded(case, case.seed + 1), case.plan, device="cpu", compute_kernel=case.kernel,
-            learning_rate=LEARNING_RATE,
-        )
-    except (ValueError, AssertionError, NotImplementedError) as exc:
-        raise UnsupportedByTorchrec(f"{header}: torchrec refused to shard: {type(exc).__name__}: {exc}") from exc
-    copy_full_weights_into(sharded, seeded_full_weights(case.tables, case.seed))
-    reference = _build_unsharded(case, case.seed)
-
-    # Collect the first problem but keep going, so every rank reaches the same collectives.
-    problems: list[str] = []
-    permutation_problem = _check_permutation(case, sharded)
-    if permutation_problem:
-        problems.append(permutation_problem)
-
-    kjt = _local_kjt(case, rank)
-    actual = _outputs_by_key(case, sharded(kjt))
-    expected = _outputs_by_key(case, reference(kjt))
-    if sorted(actual) != sorted(expected):
-        problems.append(f"output keys {sorted(actual)} != unsharded {sorted(expected)}")
-    for key in sorted(set(actual) & set(expected)):
-        difference = _first_difference(f"output[{key!r}]", actual[key], expected[key], exact=case.module == "ec")
-        if difference:
-            problems.append(f"feature {key!r}: {difference}")
-            break
-
-    _loss(case, rank, actual).backward()
-    sgd_step_dense_parameters(sharded, LEARNING_RATE)
-    gathered = gather_full_weights(sharded)
-    stepped = _reference_step(case)
-    for table in sorted(stepped):
-        difference = _first_difference(f"weights[{table!r}]", gathered[table], stepped[table], exact=False)
-        if difference:
-            problems.append(f"table {table!r} after one step: {difference}")
-            break
-
-    if problems:
-        raise ParityError(f"{header}\n  " + "\n  ".join(problems) + f"\n  case: {case.describe()}")
-    return {"features": len(expected), "tables": len(stepped)}
-
-
-def assert_sharded_matches_unsharded(case: ShardingCase, pool: Any) -> dict[str, Any]:
-    """Run ``case`` on ``pool`` (its world size must match); raises ParityError/RankFailure on a failure."""
-    if pool.world_size != case.world_size:
-        raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
-    per_rank = pool.call(check_case_on_rank, (case,), case=case.describe())
-    return {"plan_shape": case.plan_shape(), "ranks": len(per_rank), "features": per_rank[0]["features"]}
+        with RankPool(setup.world_size, device=setup.device) as own_pool:
+            return own_pool.call(train_on_rank, (setup,), case="sharded training")
+    if pool.world_size != setup.world_size:
+        raise HarnessError(f"the batches are for {setup.world_size} ranks (batches[step][rank]); the pool has {pool.world_size}")
+    return pool.call(train_on_rank, (setup,), case="sharded training")

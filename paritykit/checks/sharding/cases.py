@@ -1,244 +1,135 @@
-"""The cases of the sharding check: drawn plans (``cw_cases``), pinned placements and the
-combinations known to fail inside torchrec, each a ``ShardingCase``.
-
-``cw_cases(world_sizes=(2,), modules=("ec", "ebc"), device="cpu")`` draws a ``ShardingCase``:
-tables (features shared between tables too), a per-table plan with at least one column-wise
-table cut into 2-4 shards on arbitrary ranks (repeats, unsorted) mixed with the other placements,
-one compute kernel, ``need_indices`` (EC) or per-id weights (EBC), and one local batch per rank
-with empty rows and empty features.
-
-The draws stay inside what torchrec accepts (so examples test parity, not rejections):
-- an EmbeddingCollection needs one embedding_dim for all tables, and its column-wise tables one
-  shard width, so all its CW tables get the same number of shards;
-- ``column_wise(ranks=...)`` only honours a shard width that is a multiple of 4 and divides the dim;
-- placements and kernels come from what torchrec's sharder advertises for the module and device,
-  minus ``BROKEN_ON_DEVICE`` (combinations that crash or compute wrong numbers in torchrec 1.8;
-  they are exercised on purpose by explicit cases, not by random draws).
+"""A sharding case: an EC or EBC, a plan over its tables, the kernels, the optimizer and several
+steps of per-rank batches; and how it becomes the (model_fn, plan, batches) that
+``assert_sharded_matches_unsharded`` takes — the built-in cases go through the same path as a
+user's model.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import strategies as st
+import torch
 
-from paritykit.harness import plans
-from paritykit.harness.plans import describe_plan
-from paritykit.harness.tables import TableSpec
+from paritykit.harness.plans import describe_plan, normalize_plan_entry, parameter_sharding_generator
+from paritykit.harness.seeding import stable_seed
+from paritykit.harness.tables import TableSpec, build_ebc, build_ec, feature_names_of
 
-SHARD_WIDTHS = (4, 8)
-CW_SHARD_COUNTS = (2, 3, 4)
+Rows = tuple[tuple[int, ...], ...]
 
-# (device type, module, placement or kernel) combinations that fail inside torchrec 1.8, with why.
-BROKEN_ON_DEVICE: dict[tuple[str, str, str], str] = {
-    ("cpu", "ec", "dense"): "sharded EC with the dense kernel on CPU returns pooled rows (split sizes do not match)",
-    ("cpu", "ec", "data_parallel"): "a data-parallel table in a sharded EC on CPU returns pooled rows",
-}
+
+@dataclass(frozen=True)
+class RankBatch:
+    """One rank's batch of one step: rows of ids per feature (KJT key order), per-id weights for a
+    weighted EBC, and for a variable batch (VBE) the inverse indices: output row -> row of the feature."""
+
+    ids: tuple[tuple[str, Rows], ...]
+    weights: tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] | None = None
+    inverse: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True)
 class ShardingCase:
-    """One sharded-vs-unsharded case. Picklable: it travels to every rank."""
+    """One sharded-vs-unsharded training case. ``plan`` holds paritykit's short placements;
+    ``kernels`` a compute kernel per table ("fused" or "dense"; data-parallel tables are dense)."""
 
     module: str  # "ec" or "ebc"
     world_size: int
     tables: tuple[TableSpec, ...]
     plan: dict[str, tuple] = field(hash=False)
-    kernel: str
+    kernel: str = "fused"
     need_indices: bool = False
     weighted: bool = False
-    # batches[rank][feature] -> rows of ids; weights likewise when weighted.
-    batches: tuple[dict[str, tuple[tuple[int, ...], ...]], ...] = field(default=(), hash=False)
+    # The single-step form (rows per feature per rank); kept for the legacy constructor.
+    batches: tuple[dict[str, Rows], ...] = field(default=(), hash=False)
     weights: tuple[dict[str, tuple[tuple[float, ...], ...]], ...] | None = field(default=None, hash=False)
     seed: int = 0
+    kernels: dict[str, str] = field(default_factory=dict, hash=False)
+    optimizer: str = "sgd"
+    dense_optimizer: str = "sgd"
+    steps: tuple[tuple[RankBatch, ...], ...] = field(default=(), hash=False)
+
+    def kernel_of(self, table: str) -> str:
+        if self.plan[table][0] == "data_parallel":
+            return "dense"
+        return self.kernels.get(table, self.kernel)
+
+    def step_batches(self) -> tuple[tuple[RankBatch, ...], ...]:
+        if self.steps:
+            return self.steps
+        weights = self.weights or (None,) * len(self.batches)
+        return (tuple(RankBatch(tuple(b.items()), None if w is None else tuple(w.items())) for b, w in zip(self.batches, weights)),)
 
     def plan_shape(self) -> str:
         """The plan with table names and ranks left out: what a count of examples is grouped by."""
-        kinds = sorted(
-            f"{entry[0]}x{len(entry[1])}" if entry[0] == "column_wise" else entry[0] for entry in self.plan.values()
-        )
-        return f"{self.module}/ws{self.world_size}/{self.kernel}/" + "+".join(kinds)
+        kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "table_column_wise") else e[0] for e in self.plan.values())
+        vbe = "/vbe" if any(b.inverse for step in self.steps for b in step) else ""
+        return f"{self.module}/ws{self.world_size}/{self.optimizer}/" + "+".join(kinds) + vbe
 
     def describe(self) -> str:
         tables = ", ".join(
             f"{t.name}[{t.num_embeddings}x{t.embedding_dim} {'/'.join(t.feature_names)}"
-            + (f" {t.pooling}" if self.module == "ebc" else "")
-            + "]"
+            + (f" {t.pooling}" if self.module == "ebc" else "") + f" {self.kernel_of(t.name)}]"
             for t in self.tables
         )
         flags = f"need_indices={self.need_indices}" if self.module == "ec" else f"weighted={self.weighted}"
-        return (
-            f"{self.module} world_size={self.world_size} kernel={self.kernel} {flags} "
-            f"plan={describe_plan(self.plan)} tables=({tables}) seed={self.seed}"
-        )
+        if any(batch.inverse is not None for step in self.step_batches() for batch in step):
+            flags += " variable_batch=True"
+        return (f"{self.module} world_size={self.world_size} {flags} optimizer={self.optimizer}/{self.dense_optimizer} "
+                f"steps={len(self.step_batches())} plan={describe_plan(self.plan)} tables=({tables}) seed={self.seed}")
+
+    def case_id(self) -> str:
+        return f"{self.describe()} #{stable_seed(repr(self), repr(self.step_batches())) % 16**8:08x}"
+
+
+def build_module(module: str, tables: tuple[TableSpec, ...], weighted: bool, need_indices: bool, seed: int) -> torch.nn.Module:
+    """The case's unsharded module with seeded weights (module level: the ranks build it too)."""
+    if module == "ec":
+        return build_ec(tables, seed=seed, need_indices=need_indices)
+    return build_ebc(tables, seed=seed, is_weighted=weighted)
+
+
+def model_fn(case: ShardingCase):
+    return functools.partial(build_module, case.module, case.tables, case.weighted, case.need_indices, case.seed)
+
+
+def torchrec_plan(case: ShardingCase) -> dict[str, Any]:
+    """{table: torchrec ParameterShardingGenerator} with the case's kernels."""
+    return {
+        table: parameter_sharding_generator(normalize_plan_entry(table, entry), None if entry[0] == "data_parallel" else case.kernel_of(table))
+        for table, entry in case.plan.items()
+    }
+
+
+def kjt_of(batch: RankBatch, weighted: bool):
+    """The KeyedJaggedTensor of one rank batch (variable batch per feature with inverse indices for VBE)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys = [key for key, _ in batch.ids]
+    lengths = [len(row) for _, rows in batch.ids for row in rows]
+    values = [v for _, rows in batch.ids for row in rows for v in row]
+    weights = None
+    if weighted:
+        by_key = dict(batch.weights or ())
+        weights = torch.tensor([w for key in keys for row in by_key[key] for w in row], dtype=torch.float32)
+    kwargs: dict[str, Any] = {}
+    if batch.inverse is not None:
+        kwargs["stride_per_key_per_rank"] = [[len(rows)] for _, rows in batch.ids]
+        kwargs["inverse_indices"] = (keys, torch.tensor([list(index) for _, index in batch.inverse], dtype=torch.int64))
+    return KeyedJaggedTensor(keys=keys, values=torch.tensor(values, dtype=torch.int64),
+                             lengths=torch.tensor(lengths, dtype=torch.int32), weights=weights, **kwargs)
+
+
+def batches_of(case: ShardingCase) -> list[list[Any]]:
+    return [[kjt_of(batch, case.weighted) for batch in step] for step in case.step_batches()]
+
+
+def feature_order(case: ShardingCase) -> tuple[str, ...]:
+    return feature_names_of(case.tables)
 
 
 def supported_on_device(device: str, module: str, name: str) -> bool:
-    """False for a (module, sharding type or kernel) combination known to fail inside torchrec on ``device``."""
-    return (device, module, name) not in BROKEN_ON_DEVICE
-
-
-def placements_for(module: str, device: str) -> tuple[str, ...]:
-    """The sharding types torchrec offers for ``module`` that a plan can express, minus the broken ones."""
-    return tuple(t for t in plans.placements_for(module, device) if supported_on_device(device, module, t))
-
-
-def kernels_for(module: str, device: str) -> tuple[str, ...]:
-    """Kernels for the model-parallel tables of a case (data-parallel tables always use dense)."""
-    return tuple(k for k in plans.compute_kernels(device, "column_wise", module) if supported_on_device(device, module, k))
-
-
-def placement_entry(kind: str, world_size: int, draw: Any, cw_shards: int | None = None) -> tuple:
-    if kind == "column_wise":
-        assert cw_shards is not None
-        return ("column_wise", tuple(draw(st.lists(st.integers(0, world_size - 1), min_size=cw_shards, max_size=cw_shards))))
-    if kind == "table_wise":
-        return ("table_wise", draw(st.integers(0, world_size - 1)))
-    if kind == "table_row_wise":
-        return ("table_row_wise", 0)  # one host: every rank is local
-    return (kind,)
-
-
-@st.composite
-def rows_strategy(draw: Any, num_embeddings: int, batch_size: int, max_len: int = 3) -> tuple[tuple[int, ...], ...]:
-    # Empty rows are frequent on purpose; an all-empty feature comes from every row being empty.
-    if draw(st.integers(0, 4)) == 0:
-        return tuple(() for _ in range(batch_size))
-    row = st.lists(st.integers(0, num_embeddings - 1), min_size=0, max_size=max_len).map(tuple)
-    return tuple(draw(row) for _ in range(batch_size))
-
-
-def _draw_tables_and_plan(draw: Any, module: str, world_size: int, device: str, max_tables: int):
-    num_tables = draw(st.integers(1, max_tables))
-    kinds = placements_for(module, device)
-    placement_kinds = ["column_wise"] + [draw(st.sampled_from(kinds)) for _ in range(num_tables - 1)]
-    placement_kinds = draw(st.permutations(placement_kinds))
-
-    # EC: one dim and one shard width for every table, hence one CW shard count.
-    ec_shards = draw(st.sampled_from(CW_SHARD_COUNTS))
-    ec_width = draw(st.sampled_from(SHARD_WIDTHS))
-    # torch's weighted embedding_bag only sums, so a weighted EBC keeps SUM pooling.
-    weighted = module == "ebc" and draw(st.booleans())
-    own_features = [f"f{i}" for i in range(num_tables)]
-    tables, plan = [], {}
-    for index, kind in enumerate(placement_kinds):
-        name = f"t{index}"
-        shards = ec_shards if module == "ec" else draw(st.sampled_from(CW_SHARD_COUNTS))
-        width = ec_width if module == "ec" else draw(st.sampled_from(SHARD_WIDTHS))
-        features = [own_features[index]]
-        # Features shared between tables: a table may also read an earlier table's feature.
-        if index > 0 and draw(st.booleans()):
-            features.append(own_features[draw(st.integers(0, index - 1))])
-        tables.append(
-            TableSpec(
-                name=name,
-                num_embeddings=draw(st.integers(4, 12)),
-                embedding_dim=shards * width if (module == "ec" or kind == "column_wise") else draw(st.sampled_from((4, 8, 12))),
-                feature_names=tuple(features),
-                pooling=draw(st.sampled_from(("SUM", "MEAN"))) if module == "ebc" and not weighted else "SUM",
-            )
-        )
-        plan[name] = placement_entry(kind, world_size, draw, cw_shards=shards)
-    return tables, plan, weighted
-
-
-def _draw_batches(draw: Any, tables: list[TableSpec], world_size: int, weighted: bool):
-    batch_size = draw(st.integers(1, 3))
-    feature_rows: dict[str, int] = {}
-    for table in tables:
-        for feature in table.feature_names:
-            # A shared feature indexes every table reading it: keep ids inside the smallest.
-            feature_rows[feature] = min(feature_rows.get(feature, table.num_embeddings), table.num_embeddings)
-    batches, weights = [], []
-    for _ in range(world_size):
-        batch = {f: draw(rows_strategy(n, batch_size)) for f, n in feature_rows.items()}
-        batches.append(batch)
-        if weighted:
-            weights.append({f: tuple(tuple(float(0.5 + (i % 3)) for i in range(len(r))) for r in rows) for f, rows in batch.items()})
-    return tuple(batches), (tuple(weights) if weighted else None)
-
-
-@st.composite
-def cw_cases(
-    draw: Any,
-    world_sizes: tuple[int, ...] = (2,),
-    modules: tuple[str, ...] = ("ec", "ebc"),
-    device: str = "cpu",
-    max_tables: int = 3,
-) -> ShardingCase:
-    module = draw(st.sampled_from(modules))
-    world_size = draw(st.sampled_from(world_sizes))
-    tables, plan, weighted = _draw_tables_and_plan(draw, module, world_size, device, max_tables)
-    kernel = draw(st.sampled_from(kernels_for(module, device)))
-    need_indices = module == "ec" and draw(st.booleans())
-    batches, weights = _draw_batches(draw, tables, world_size, weighted)
-    return ShardingCase(
-        module=module,
-        world_size=world_size,
-        tables=tuple(tables),
-        plan=plan,
-        kernel=kernel,
-        need_indices=need_indices,
-        weighted=weighted,
-        batches=batches,
-        weights=weights,
-        seed=draw(st.integers(0, 2**16)),
-    )
-
-
-@st.composite
-def shard_rank_placements(draw: Any, max_world_size: int = 4, max_shards: int = 6) -> list[int]:
-    """Arbitrary CW shard ranks: repeats and unsorted orders included."""
-    world_size = draw(st.integers(1, max_world_size))
-    return draw(st.lists(st.integers(0, world_size - 1), min_size=1, max_size=max_shards))
-
-
-# Two ranks' worth of rows with empty rows and an empty feature; larger worlds repeat them.
-_PINNED_BATCHES = (
-    {"f0": ((1, 2), (), (3,)), "f1": ((), (), ()), "f2": ((0,), (7, 7), ())},
-    {"f0": ((4,), (5, 6), ()), "f1": ((1,), (), (2, 3)), "f2": ((), (), ())},
-)
-
-
-def pinned_cases(world_size: int, device: str) -> tuple[ShardingCase, ...]:
-    """Cases every run covers before the random draws: the placements where stitching order and
-    pooling mode show (random draws at a few examples may miss them).
-
-    - EC, CW shards on ranks [0, 1, 0] (the seed commit's example: permute [0, 2, 1]);
-    - EC, CW shards on ranks [1, 0, 0] (a 3-cycle: an inverted permutation differs from it);
-    - EBC with MEAN pooling, CW on [1, 0] beside a table-wise table.
-    """
-    batches = tuple(_PINNED_BATCHES[rank % 2] for rank in range(world_size))
-    last = world_size - 1
-    ec_tables = (TableSpec("t0", 10, 12, ("f0",)), TableSpec("t1", 7, 12, ("f1", "f0")), TableSpec("t2", 8, 12, ("f2",)))
-    ebc_tables = (TableSpec("t0", 10, 8, ("f0",), "MEAN"), TableSpec("t1", 8, 12, ("f1", "f2"), "MEAN"))
-    ec_kernel, ebc_kernel = kernels_for("ec", device)[0], kernels_for("ebc", device)[0]
-    return (
-        ShardingCase("ec", world_size, ec_tables, {"t0": ("column_wise", (0, last, 0)), "t1": ("table_wise", last), "t2": ("row_wise",)},
-                     ec_kernel, need_indices=True, batches=batches, seed=5),
-        ShardingCase("ec", world_size, ec_tables, {"t0": ("column_wise", (last, 0, 0)), "t1": ("table_wise", 0), "t2": ("row_wise",)},
-                     ec_kernel, batches=batches, seed=6),
-        ShardingCase("ebc", world_size, ebc_tables, {"t0": ("column_wise", (last, 0)), "t1": ("table_wise", 0)},
-                     ebc_kernel, batches=batches, seed=7),
-    )
-
-
-def known_broken_cases(world_size: int, device: str) -> tuple[ShardingCase, ...]:
-    """One case per combination listed in plan_strategies.BROKEN_ON_DEVICE for ``device``.
-
-    They are run on purpose, outside the random draws, so that paritykit/known_issues.toml can mark
-    their failures as known and `paritykit gate --strict` notices the day torchrec fixes them.
-    """
-    batches = tuple(_PINNED_BATCHES[rank % 2] for rank in range(world_size))
-    tables = (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1", "f2")))
-    cases = []
-    for broken_device, module, name in BROKEN_ON_DEVICE:
-        if broken_device != device or module != "ec":
-            continue
-        if name == "data_parallel":
-            plan, kernel = {"t0": ("column_wise", (0, world_size - 1)), "t1": ("data_parallel",)}, "fused"
-        else:
-            plan, kernel = {"t0": ("column_wise", (0, world_size - 1)), "t1": ("table_wise", 0)}, name
-        cases.append(ShardingCase("ec", world_size, tables, plan, kernel, batches=batches, seed=8))
-    return tuple(cases)
+    """False for a (module, sharding type or kernel) pair that fails inside torchrec whatever else the
+    case holds (known_broken.py): other checks keep such pairs out of their draws too."""
+    return (module, name) not in (("ec", "data_parallel"), ("ec", "dense"))

@@ -1,19 +1,21 @@
-"""The sharding check's gate entry: pinned and drawn sharded-vs-unsharded cases at each world size,
-and the combinations known to fail inside torchrec, run on purpose."""
+"""The sharding check's gate entry: at every world size, the pinned cases, the drawn matrix, and the
+combinations known to fail inside torchrec, each compared with the unsharded module trained alike."""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
-from paritykit.checks.sharding.assertion import assert_sharded_matches_unsharded
-from paritykit.checks.sharding.cases import ShardingCase, cw_cases, known_broken_cases, pinned_cases
+from paritykit.checks.sharding.case_runner import run_sharding_case
+from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
+from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
+from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
+from paritykit.harness.plans import implemented_placements
 
-NAME = "cw-stitch"
+NAME = "sharding"
 
 
 def examples_per_plan_shape(results: list[CaseResult]) -> Counter:
@@ -21,33 +23,38 @@ def examples_per_plan_shape(results: list[CaseResult]) -> Counter:
     return Counter(r.metrics.get("plan_shape", "?") for r in results if r.status == "pass")
 
 
-def _known_broken_result(case: ShardingCase, pool: Any, config: GateConfig) -> CaseResult:
-    # Every outcome is reported as it is; the gate matches failures against the known issues.
-    replay = config.replay(NAME, case)
-    return run_case(NAME, f"known-broken {case.describe()}", replay, lambda: assert_sharded_matches_unsharded(case, pool))
+def placements_by_module(device: str) -> dict[str, tuple[str, ...]]:
+    return {
+        "ebc": tuple(k for k in EBC_PLACEMENTS if k in implemented_placements("ebc", device)),
+        "ec": tuple(k for k in EC_PLACEMENTS if k in implemented_placements("ec", device)),
+    }
 
 
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
-    world_sizes = tuple(w for w in config.world_sizes if w >= 2) or (2,)
     results: list[CaseResult] = []
     known_broken: list[CaseResult] = []
-    for world_size in world_sizes:
+    kinds = placements_by_module(config.device)
+    for world_size in config.world_sizes:
         pool = pools.get(world_size)
-        strategy = cw_cases(world_sizes=(world_size,), device=config.device)
         results += run_property(
             NAME,
-            strategy,
-            lambda case, pool=pool: assert_sharded_matches_unsharded(case, pool),
+            sharding_cases(world_size, kinds),
+            lambda case, pool=pool: run_sharding_case(case, pool),
             config,
-            case_id=lambda case: case.describe(),
-            explicit=pinned_cases(world_size, config.device),
+            case_id=lambda case: case.case_id(),
+            explicit=pinned_cases(world_size),
         )
-        known_broken += [_known_broken_result(case, pool, config) for case in known_broken_cases(world_size, config.device)]
+    # Each broken combination fails the same way at every world size; run it once, on the smallest
+    # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).
+    for rule in RULES:
+        sizes = [w for w in config.world_sizes if w >= MIN_WORLD_SIZE.get(rule.name, 1)]
+        if not sizes:
+            continue
+        pool, case = pools.get(min(sizes)), known_broken_cases(min(sizes))[rule.name]
+        # Every outcome is reported as it is; the gate matches failures against the known issues.
+        known_broken.append(run_case(NAME, f"known-broken {rule.name} {case.case_id()}", config.replay(NAME, case),
+                                     lambda case=case, pool=pool: run_sharding_case(case, pool)))
     if not examples_per_plan_shape(results) and not any(r.status == "fail" for r in results):
-        results.append(
-            CaseResult(
-                NAME, "<no examples>", "error", replay=config.replay(NAME),
-                message=str(HarnessError("no cw-stitch example ran: every draw was rejected or unsupported")),
-            )
-        )
+        results.append(CaseResult(NAME, "<no examples>", "error", replay=config.replay(NAME),
+                                  message=str(HarnessError("no sharding example ran: every draw was rejected or unsupported"))))
     return results + known_broken

@@ -104,6 +104,22 @@ def expected_feature_permute_indices(tables: Sequence[Any], plan: Mapping[str, A
     return result
 
 
+def shard_ranks_in_column_order(parameter_sharding: Any) -> list[int]:
+    """The ranks of a column-wise table's shards, left to right (torchrec's ParameterSharding)."""
+    shards = sorted(parameter_sharding.sharding_spec.shards, key=lambda shard: shard.shard_offsets[1])
+    return [int(str(shard.placement).split("rank:")[1].split("/")[0]) for shard in shards]
+
+
+def permutations_of_plan(tables: Sequence[Any], module_plan: Mapping[str, Any]) -> dict[str, list[int]]:
+    """What ``expected_feature_permute_indices`` says for a resolved torchrec module plan."""
+    plan = {
+        table.name: ("column_wise", tuple(shard_ranks_in_column_order(module_plan[table.name])))
+        if module_plan[table.name].sharding_type == "column_wise" else ("other",)
+        for table in tables
+    }
+    return expected_feature_permute_indices(tables, plan)
+
+
 def torchrec_feature_permute_indices(module: torch.nn.Module, module_plan: Mapping[str, Any]) -> dict[str, list[int]]:
     """The per-feature CW permutation torchrec's ShardedEmbeddingCollection derives for a plan.
 
@@ -119,3 +135,16 @@ def torchrec_feature_permute_indices(module: torch.nn.Module, module_plan: Mappi
         holder, module.embedding_configs(), dict(module_plan)
     )
     return {key: list(value) for key, value in holder._features_to_permute_indices.items()}
+
+
+def sharded_cw_permutations(dmp: torch.nn.Module) -> dict[str, dict[str, list[int]]]:
+    """A probe for the ranks: torchrec's per-feature CW permutation of every sharded EC in ``dmp``."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+
+    from paritykit.harness.dmp import canonical_name
+
+    return {
+        canonical_name(name): {key: list(value) for key, value in module._features_to_permute_indices.items()}
+        for name, module in dmp.named_modules()
+        if isinstance(module, ShardedEmbeddingCollection)
+    }

@@ -167,7 +167,7 @@ def sharded_cases(draw: st.DrawFn, world_size: int, module: str | None = None) -
 
     module = module or draw(st.sampled_from(("ebc", "ec")))
     shardings = SHARDINGS if module == "ebc" else ("table_wise", "row_wise", "column_wise", "data_parallel")
-    # Combinations that fail inside torchrec itself are run on purpose by the cw-stitch check's
+    # Combinations that fail inside torchrec itself are run on purpose by the sharding check's
     # known-broken cases (reported against paritykit/known_issues.toml), not drawn here.
     shardings = tuple(s for s in shardings if supported_on_device("cpu", module, s))
     sharding = draw(st.sampled_from(shardings))

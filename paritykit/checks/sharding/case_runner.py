@@ -1,0 +1,49 @@
+"""One built-in ShardingCase through the same path as a user's model, plus the CW shard-order oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from paritykit.checks.sharding.setup import build_setup, gradient_division
+from paritykit.checks.sharding.cases import ShardingCase, batches_of, model_fn, torchrec_plan
+from paritykit.checks.sharding.comparison import compare_records
+from paritykit.checks.sharding.reference import train_reference
+from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
+from paritykit.checks.sharding.tolerances import default_tolerance
+from paritykit.checks.sharding.training import TrainingRecord, assemble_records, train_on_rank
+from paritykit.errors import HarnessError, ParityError
+
+
+def case_setup(case: ShardingCase, device: str = "cpu"):
+    setup = build_setup(model_fn(case), torchrec_plan(case), batches_of(case), embedding_optimizer=case.optimizer,
+                        dense_optimizer=case.dense_optimizer, seed=case.seed, device=device)
+    return dataclasses.replace(setup, probes=(sharded_cw_permutations,)) if case.module == "ec" else setup
+
+
+def permutation_problem(case: ShardingCase, setup: Any, record: TrainingRecord) -> str | None:
+    """torchrec's per-feature CW permutation, on every rank, against paritykit's own shard-order math."""
+    if case.module != "ec":
+        return None
+    ours = permutations_of_plan(case.tables, setup.sharding_plan.plan[""])
+    for rank, probes in enumerate(record.probes):
+        theirs = probes[0].get("", {})
+        for feature in sorted(set(ours) | set(theirs)):
+            if ours.get(feature) != theirs.get(feature):
+                return (f"rank {rank}: CW permutation for feature {feature!r}: torchrec computed {theirs.get(feature)}, "
+                        f"paritykit's stitching.py expects {ours.get(feature)}")
+    return None
+
+
+def run_sharding_case(case: ShardingCase, pool: Any) -> dict[str, Any]:
+    """ParityError naming step, rank, table or feature and element; else what was compared."""
+    if pool.world_size != case.world_size:
+        raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
+    setup = case_setup(case, pool.device)
+    reference = train_reference(setup, division=gradient_division())
+    record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
+    problem = permutation_problem(case, setup, record)
+    if problem:
+        raise ParityError(f"{case.describe()}\n  {problem}")
+    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe())
+    return {**metrics, "plan_shape": case.plan_shape()}

@@ -1,0 +1,119 @@
+"""Hypothesis draws of sharding cases over the whole matrix torchrec offers.
+
+One module per case (EBC or EC) with 1-4 tables, several features per table and features shared
+between tables, each table placed any way its sharder implements (EBC: TW, RW, CW and TWCW with
+shards on ranks in any order and repeated, TWRW, GRID, DP; EC: TW, RW, CW, DP), fused or dense
+kernels, SUM and MEAN pooling in one module, per-id weights (EBC), ``need_indices`` (EC), a
+variable batch per feature with inverse indices (VBE, EBC), the KJT's keys in any order, empty rows
+and empty features, and several training steps with SGD, Adagrad or row-wise Adagrad.
+
+Combinations that fail inside torchrec are kept out of the draws by ``BrokenCombination`` rules
+(known_broken.py) and run on purpose as their own cases instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.checks.sharding.known_broken import ROW_WISE_FAMILY, repair
+from paritykit.harness.tables import TableSpec
+
+EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
+EC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "data_parallel")
+SHARD_WIDTHS = (4, 8)
+SHARD_COUNTS = (1, 2, 3, 4)
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+# fbgemm's TBE takes a variable batch per feature with these only (it asserts so for the others).
+VBE_OPTIMIZERS = ("sgd", "rowwise_adagrad")
+DENSE_OPTIMIZERS = ("sgd", "adagrad")
+MAX_IDS_PER_ROW = 3
+
+
+def _placement(draw: Any, kind: str, world_size: int, shards: int) -> tuple:
+    rank = st.integers(0, world_size - 1)
+    if kind in ("column_wise", "table_column_wise"):
+        return (kind, tuple(draw(st.lists(rank, min_size=shards, max_size=shards))))
+    if kind == "table_wise":
+        return (kind, draw(rank))
+    if kind == "table_row_wise":
+        return (kind, 0)  # one host: every rank is local
+    if kind == "grid_shard":
+        return (kind, (0,))
+    return (kind,)
+
+
+def _draw_tables(draw: Any, module: str, world_size: int, device_kinds: tuple[str, ...]):
+    count = draw(st.integers(1, 4))
+    ec_shards, ec_width = draw(st.sampled_from(SHARD_COUNTS)), draw(st.sampled_from(SHARD_WIDTHS))
+    weighted = module == "ebc" and draw(st.booleans())
+    features = [f"f{i}" for i in range(count)]
+    tables, plan, kernels = [], {}, {}
+    for index in range(count):
+        kind = draw(st.sampled_from(device_kinds))
+        shards = ec_shards if module == "ec" else draw(st.sampled_from(SHARD_COUNTS))
+        width = ec_width if module == "ec" else draw(st.sampled_from(SHARD_WIDTHS))
+        names = [features[index]] + ([features[draw(st.integers(0, index - 1))]] if index and draw(st.booleans()) else [])
+        tables.append(TableSpec(
+            name=f"t{index}", num_embeddings=draw(st.integers(4, 12)), embedding_dim=shards * width,
+            feature_names=tuple(dict.fromkeys(names)),
+            pooling="SUM" if module == "ec" or weighted else draw(st.sampled_from(("SUM", "MEAN"))),
+        ))
+        plan[f"t{index}"] = _placement(draw, kind, world_size, shards)
+        kernels[f"t{index}"] = "fused" if module == "ec" else draw(st.sampled_from(("fused", "dense")))
+    return tables, plan, kernels, weighted
+
+
+def _rows(draw: Any, count: int, bound: int) -> tuple[tuple[int, ...], ...]:
+    # Empty rows are frequent on purpose; an all-empty feature comes from every row being empty.
+    if draw(st.integers(0, 5)) == 0:
+        return tuple(() for _ in range(count))
+    row = st.lists(st.integers(0, bound - 1), max_size=MAX_IDS_PER_ROW).map(tuple)
+    return tuple(draw(row) for _ in range(count))
+
+
+def _rank_batch(draw: Any, keys: list[str], bounds: dict[str, int], weighted: bool, vbe: bool, batch_size: int,
+                sizes: dict[str, int] | None = None) -> RankBatch:
+    sizes = sizes or {key: draw(st.integers(1, 3)) if vbe else batch_size for key in keys}
+    ids = tuple((key, _rows(draw, sizes[key], bounds[key])) for key in keys)
+    weights = None
+    if weighted:
+        weights = tuple((key, tuple(tuple(0.25 + ((i + r) % 4) * 0.5 for i in range(len(row))) for r, row in enumerate(rows)))
+                        for key, rows in ids)
+    inverse = None
+    if vbe:
+        inverse = tuple((key, tuple(draw(st.lists(st.integers(0, sizes[key] - 1), min_size=batch_size, max_size=batch_size))))
+                        for key in keys)
+    return RankBatch(ids, weights, inverse)
+
+
+@st.composite
+def sharding_cases(draw: Any, world_size: int, device_kinds: dict[str, tuple[str, ...]], steps: int = 3) -> ShardingCase:
+    """A ShardingCase at ``world_size``; ``device_kinds[module]`` the placements to draw from."""
+    module = draw(st.sampled_from(("ebc", "ec")))
+    tables, plan, kernels, weighted = _draw_tables(draw, module, world_size, device_kinds[module])
+    bounds: dict[str, int] = {}
+    for table in tables:
+        for feature in table.feature_names:
+            bounds[feature] = min(bounds.get(feature, table.num_embeddings), table.num_embeddings)
+    keys = list(draw(st.permutations(list(bounds))))  # the KJT's key order need not be the tables'
+    vbe = module == "ebc" and draw(st.integers(0, 3)) == 0
+    # Ranks may have different batch sizes, except where the row-wise family cannot take it (known_broken.py).
+    uneven = not any(entry[0] in ROW_WISE_FAMILY for entry in plan.values()) and draw(st.booleans())
+    batches = []
+    for _ in range(steps):
+        shared = draw(st.integers(1, 3))
+        # A variable batch's rows per feature too are the same on every rank unless uneven.
+        per_feature = None if uneven or not vbe else {key: draw(st.integers(1, 3)) for key in keys}
+        sizes = [draw(st.integers(1, 3)) if uneven else shared for _ in range(world_size)]
+        batches.append(tuple(_rank_batch(draw, keys, bounds, weighted, vbe, size, per_feature) for size in sizes))
+    batches = tuple(batches)
+    case = ShardingCase(
+        module=module, world_size=world_size, tables=tuple(tables), plan=plan, kernels=kernels,
+        need_indices=module == "ec" and draw(st.booleans()), weighted=weighted,
+        optimizer=draw(st.sampled_from(VBE_OPTIMIZERS if vbe else OPTIMIZERS)), dense_optimizer=draw(st.sampled_from(DENSE_OPTIMIZERS)),
+        steps=batches, seed=draw(st.integers(0, 2**16)),
+    )
+    return repair(case)

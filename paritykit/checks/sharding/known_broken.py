@@ -1,0 +1,262 @@
+"""Combinations that fail inside torchrec: kept out of the random draws, run on purpose as cases of
+their own (``known-broken <rule> ...``) so that the known-issues file marks them and
+``paritykit gate --strict`` notices the day a release fixes one.
+
+Each rule says which cases it covers and how to change a drawn case so that it avoids the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.harness.tables import TableSpec
+
+ROW_WISE_KINDS = ("row_wise", "table_row_wise")
+# Shardings whose output is a reduce-scatter of partial pools (row shards).
+ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
+
+
+@dataclass(frozen=True)
+class BrokenCombination:
+    name: str
+    why: str
+    applies: Callable[[ShardingCase], bool]
+    repair: Callable[[ShardingCase], ShardingCase]
+
+
+def _rw_mean_mixed(case: ShardingCase) -> bool:
+    kinds = {t.name: case.plan[t.name][0] for t in case.tables}
+    rw_mean = [t for t in case.tables if kinds[t.name] in ROW_WISE_KINDS and t.pooling == "MEAN"]
+    others = [t for t in case.tables if kinds[t.name] not in ROW_WISE_KINDS]
+    return case.module == "ebc" and bool(rw_mean) and bool(others)
+
+
+def _rw_shared_feature_mixed_pooling(case: ShardingCase) -> bool:
+    if case.module != "ebc":
+        return False
+    poolings: dict[str, set[str]] = {}
+    for table in case.tables:
+        if case.plan[table.name][0] in ROW_WISE_KINDS:
+            for feature in table.feature_names:
+                poolings.setdefault(feature, set()).add(table.pooling)
+    return any(len(kinds) > 1 for kinds in poolings.values())
+
+
+def _with_pooling(case: ShardingCase, which: Callable[[TableSpec], bool], pooling: str) -> ShardingCase:
+    tables = tuple(dataclasses.replace(t, pooling=pooling) if which(t) else t for t in case.tables)
+    return dataclasses.replace(case, tables=tables)
+
+
+def _grid_mean(case: ShardingCase) -> bool:
+    return case.module == "ebc" and any(case.plan[t.name][0] == "grid_shard" and t.pooling == "MEAN" for t in case.tables)
+
+
+def _vbe(case: ShardingCase) -> bool:
+    return any(batch.inverse is not None for step in case.step_batches() for batch in step)
+
+
+def _grid_vbe(case: ShardingCase) -> bool:
+    return case.module == "ebc" and _vbe(case) and any(e[0] == "grid_shard" for e in case.plan.values())
+
+
+def _batch_sizes(batch: RankBatch) -> tuple[int, ...]:
+    """Rows per feature, then the output rows of a variable batch."""
+    rows = tuple(len(rows) for _, rows in batch.ids)
+    return rows + ((len(batch.inverse[0][1]),) if batch.inverse else ())
+
+
+def _uneven_row_wise(case: ShardingCase) -> bool:
+    uneven = any(len({_batch_sizes(b) for b in step}) > 1 for step in case.step_batches())
+    return uneven and any(e[0] in ROW_WISE_FAMILY for e in case.plan.values())
+
+
+def _vbe_dense(case: ShardingCase) -> bool:
+    return case.module == "ebc" and _vbe(case) and any(case.kernel_of(t) == "dense" for t in case.plan)
+
+
+def _all_fused_no_dp(case: ShardingCase) -> ShardingCase:
+    plan = {t: (("table_wise", 0) if e[0] == "data_parallel" else e) for t, e in case.plan.items()}
+    return dataclasses.replace(case, plan=plan, kernel="fused", kernels={t: "fused" for t in case.plan})
+
+
+def _vbe_mixed_pooling(case: ShardingCase) -> bool:
+    return case.module == "ebc" and _vbe(case) and len({t.pooling for t in case.tables}) > 1
+
+
+def _empty_row_shard(case: ShardingCase) -> bool:
+    world = case.world_size
+    return any(
+        case.plan[t.name][0] in ROW_WISE_FAMILY and world > 1 and t.num_embeddings <= (world - 1) * -(-t.num_embeddings // world)
+        for t in case.tables
+    )
+
+
+def _rows_for_every_rank(case: ShardingCase) -> ShardingCase:
+    world = case.world_size
+    tables = tuple(
+        dataclasses.replace(t, num_embeddings=world * -(-t.num_embeddings // world))
+        if case.plan[t.name][0] in ROW_WISE_FAMILY else t
+        for t in case.tables
+    )
+    return dataclasses.replace(case, tables=tables)
+
+
+def _ec_data_parallel(case: ShardingCase) -> bool:
+    return case.module == "ec" and any(entry[0] == "data_parallel" for entry in case.plan.values())
+
+
+def _ec_dense(case: ShardingCase) -> bool:
+    return case.module == "ec" and any(case.kernel_of(t) == "dense" for t in case.plan if case.plan[t][0] != "data_parallel")
+
+
+RULES = (
+    BrokenCombination(
+        "row-wise-family-uneven-batch",
+        "a row-wise, table-row-wise or grid-sharded table with different batch sizes on the ranks (a feature's "
+        "rows, or a variable batch's) fails in the backward of its reduce-scatter on gloo (allgather of tensors "
+        "of different sizes)",
+        _uneven_row_wise,
+        lambda case: case,  # the draws give every rank one batch size when the plan has such a table
+    ),
+    BrokenCombination(
+        "ebc-grid-variable-batch",
+        "a grid-sharded EBC table fed a variable batch per feature fails in its output reduce-scatter "
+        "(IndexError: the grid output dist handles differing batch sizes per rank, not per feature)",
+        _grid_vbe,
+        lambda case: dataclasses.replace(case, plan={t: (("table_wise", 0) if e[0] == "grid_shard" else e) for t, e in case.plan.items()}),
+    ),
+    BrokenCombination(
+        "row-wise-shard-without-rows",
+        "a row-wise, table-row-wise or grid-sharded table with fewer rows than ranks leaves a rank an empty shard, "
+        "which fbgemm's CPU kernel refuses (weights[0] must be a GPU or MTIA tensor)",
+        _empty_row_shard,
+        _rows_for_every_rank,
+    ),
+    BrokenCombination(
+        "ebc-variable-batch-mixed-pooling",
+        "a sharded EBC fed a variable batch per feature, with SUM and MEAN tables (two batched kernels on a "
+        "rank), merges their outputs into a pre-allocated tensor that fbgemm's CPU kernel refuses",
+        _vbe_mixed_pooling,
+        # SUM everywhere: the one repair no other rule undoes.
+        lambda case: _with_pooling(case, lambda t: True, "SUM"),
+    ),
+    BrokenCombination(
+        "ebc-variable-batch-dense-kernel",
+        "a sharded EBC fed a variable batch per feature fails when a table uses the dense kernel (data-parallel "
+        "tables always do): its output split expects one row per sample",
+        _vbe_dense,
+        _all_fused_no_dp,
+    ),
+    BrokenCombination(
+        "ebc-row-wise-mean-beside-other-placements",
+        "a sharded EBC with a row-wise or table-row-wise MEAN table divides the pooled embeddings of its other "
+        "(table-wise, column-wise, data-parallel) features by their lengths too (_create_mean_pooling_divisor "
+        "resets the divisor only for row-wise SUM features)",
+        _rw_mean_mixed,
+        lambda case: _with_pooling(case, lambda t: case.plan[t.name][0] in ROW_WISE_KINDS, "SUM"),
+    ),
+    BrokenCombination(
+        "ebc-row-wise-shared-feature-mixed-pooling",
+        "a feature read by a row-wise MEAN table and a row-wise SUM table of one EBC gets one divisor for both "
+        "pooled outputs (_create_mean_pooling_divisor keys the divisor by feature, not by feature and table)",
+        _rw_shared_feature_mixed_pooling,
+        lambda case: _with_pooling(case, lambda t: case.plan[t.name][0] in ROW_WISE_KINDS, "SUM"),
+    ),
+    BrokenCombination(
+        "ebc-grid-mean",
+        "a grid-sharded EBC table with MEAN pooling averages each row shard's ids separately and then sums "
+        "the shards (the mean-pooling callback covers row-wise and table-row-wise tables only)",
+        _grid_mean,
+        lambda case: _with_pooling(case, lambda t: case.plan[t.name][0] == "grid_shard", "SUM"),
+    ),
+    BrokenCombination(
+        "ec-data-parallel",
+        "a data-parallel table in a sharded EmbeddingCollection returns pooled rows (its output split fails)",
+        _ec_data_parallel,
+        lambda case: dataclasses.replace(case, plan={t: (("table_wise", 0) if e[0] == "data_parallel" else e) for t, e in case.plan.items()}),
+    ),
+    BrokenCombination(
+        "ec-dense-kernel",
+        "a sharded EmbeddingCollection with the dense kernel on CPU fails in its output split (split sizes do not match)",
+        _ec_dense,
+        lambda case: dataclasses.replace(case, kernel="fused", kernels={t: "fused" for t in case.plan}),
+    ),
+)
+
+
+def broken_rules(case: ShardingCase, rules: tuple[BrokenCombination, ...] = RULES) -> list[BrokenCombination]:
+    return [rule for rule in rules if rule.applies(case)]
+
+
+def repair(case: ShardingCase, rules: tuple[BrokenCombination, ...] = RULES) -> ShardingCase:
+    """The drawn case changed just enough that no rule applies (one repair can make another rule
+    apply, so repeat until none does)."""
+    for _ in range(len(rules) + 1):
+        broken = broken_rules(case, rules)
+        if not broken:
+            return case
+        case = broken[0].repair(case)
+    raise AssertionError(f"the repairs of {[r.name for r in broken_rules(case, rules)]} undo each other")
+
+
+_ROWS_RANK0 = (("f0", ((1, 2), (), (3,))), ("f1", ((), (1,), (2, 3))), ("f2", ((0,), (5, 5), ())))
+_ROWS_RANK1 = (("f0", ((4,), (5, 6), ())), ("f1", ((1,), (), ())), ("f2", ((), (), (7,))))
+
+
+def _steps(world_size: int, steps: int = 3) -> tuple[tuple[RankBatch, ...], ...]:
+    batches = (RankBatch(_ROWS_RANK0), RankBatch(_ROWS_RANK1))
+    return tuple(tuple(batches[(rank + step) % 2] for rank in range(world_size)) for step in range(steps))
+
+
+def _vbe_steps(world_size: int) -> tuple[tuple[RankBatch, ...], ...]:
+    ids = (("f0", ((1,), (2, 3))), ("f1", ((4, 5, 6),)), ("f2", ((), (7,))))
+    inverse = (("f0", (1, 0, 1)), ("f1", (0, 0, 0)), ("f2", (0, 1, 1)))
+    return (tuple(RankBatch(ids, None, inverse) for _ in range(world_size)),)
+
+
+# Rules that need more than one rank to show (ranks with different batch sizes).
+MIN_WORLD_SIZE = {"row-wise-family-uneven-batch": 2, "row-wise-shard-without-rows": 2, "ebc-grid-variable-batch": 2}
+
+
+def known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
+    """One small case per rule, that fails the way the rule says (rule name -> case). One step: each
+    fails at its first forward."""
+    last = world_size - 1
+    ebc_tables = (TableSpec("t0", 10, 8, ("f0",), "MEAN"), TableSpec("t1", 8, 8, ("f1", "f2"), "SUM"))
+    ec_tables = (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1", "f2")))
+    steps = _steps(world_size, steps=1)
+    uneven = tuple(tuple(RankBatch(_ROWS_RANK0[:2] if rank == 0 else tuple((k, rows[:1]) for k, rows in _ROWS_RANK1[:2]))
+                         for rank in range(world_size)) for _ in range(1))
+    return {
+        "row-wise-family-uneven-batch": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",))),
+            {"t0": ("row_wise",), "t1": ("table_wise", 0)}, steps=uneven, seed=19),
+        "ebc-grid-variable-batch": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1", "f2"))),
+            {"t0": ("grid_shard", (0,)), "t1": ("table_wise", 0)}, steps=_vbe_steps(world_size), seed=20),
+        "row-wise-shard-without-rows": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 1, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",))),
+            {"t0": ("row_wise",), "t1": ("table_wise", 0)},
+            steps=(tuple(RankBatch((("f0", ((0,), ())), ("f1", ((1,), (2,))))) for _ in range(world_size)),), seed=18),
+        "ebc-variable-batch-mixed-pooling": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 10, 8, ("f0",), "MEAN"), TableSpec("t1", 8, 8, ("f1", "f2"))),
+            {"t0": ("table_wise", 0), "t1": ("table_wise", 0)}, steps=_vbe_steps(world_size), seed=26),
+        "ebc-variable-batch-dense-kernel": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1", "f2"))),
+            {"t0": ("data_parallel",), "t1": ("table_wise", 0)}, steps=_vbe_steps(world_size), seed=25),
+        "ebc-row-wise-mean-beside-other-placements": ShardingCase(
+            "ebc", world_size, ebc_tables, {"t0": ("row_wise",), "t1": ("table_wise", last)}, steps=steps, seed=21),
+        "ebc-row-wise-shared-feature-mixed-pooling": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 10, 8, ("f0",), "MEAN"), TableSpec("t1", 8, 8, ("f0", "f1"), "SUM")),
+            {"t0": ("row_wise",), "t1": ("row_wise",)}, steps=steps, seed=27),
+        "ebc-grid-mean": ShardingCase(
+            "ebc", world_size, ebc_tables, {"t0": ("grid_shard", (0,)), "t1": ("grid_shard", (0,))}, steps=steps, seed=22),
+        "ec-data-parallel": ShardingCase(
+            "ec", world_size, ec_tables, {"t0": ("column_wise", (0, last)), "t1": ("data_parallel",)}, steps=steps, seed=23),
+        "ec-dense-kernel": ShardingCase(
+            "ec", world_size, ec_tables, {"t0": ("column_wise", (0, last)), "t1": ("table_wise", 0)}, kernel="dense",
+            steps=steps, seed=24),
+    }

@@ -1,0 +1,35 @@
+"""How close a sharded run must come to the unsharded reference, and why.
+
+torchrec does not promise bit-identical numbers between a sharded and an unsharded module: shards
+pool partial sums that a reduce-scatter adds in another order, batched kernels accumulate
+gradients of repeated ids in their own order, and row-wise MEAN pooling divides by (length + 1e-6).
+Every compared tensor is therefore held to the norm-wise bound of paritykit.compare.bounds
+(``normwise_bound``: 64 units of roundoff of the tensor's dtype, relative to the tensor's largest
+element), which the measured worst case stays ten times below and a consistent 1e-3 relative drift
+exceeds a hundredfold. A gather is exact: at the first step, before any update, an
+EmbeddingCollection's lookups (values, lengths, indices) are compared bit for bit
+(``exact_first_lookups``); after an update the tables themselves carry the rounding of the gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paritykit.checks.sharding.comparison import EXACT, Bound, Tolerance
+from paritykit.compare.bounds import NORMWISE_UNITS, normwise_bound
+
+
+def normwise(dtype: torch.dtype = torch.float32) -> Bound:
+    rtol, max_relative = normwise_bound(dtype)
+    return Bound(rtol=rtol, max_relative=max_relative, why=f"{NORMWISE_UNITS} units of {dtype} roundoff, norm-wise")
+
+
+def default_tolerance(dtype: torch.dtype = torch.float32, exact_first_lookups: bool = False) -> Tolerance:
+    bound = normwise(dtype)
+    return Tolerance(embeddings=bound, first_step_embeddings=EXACT if exact_first_lookups else bound, outputs=bound,
+                     losses=bound, state=bound, optimizer_state=bound)
+
+
+def tolerance_for(setup: object) -> Tolerance:
+    """The default for a user's model: every number within the norm-wise bound."""
+    return default_tolerance()

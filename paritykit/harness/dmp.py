@@ -1,0 +1,93 @@
+"""A whole model sharded with torchrec's DistributedModelParallel, and its state moved in and out.
+
+    apply_in_backward(OptimizerSpec("adagrad"), table_parameters(model))   # fused tables, as users do
+    sharding_plan = resolve_plan(model, plan, world_size=..., device_type=...)   # in the caller
+    dmp = shard_model(model, sharding_plan, device)                  # on every rank
+    load_full_state(dmp, full_state)                                 # the unsharded state_dict -> shards
+    pieces = state_pieces(dmp)                                       # this rank's part of every tensor
+    full = assemble(per_rank_pieces)                                 # (harness.shards) in the caller
+
+DMP keeps the unsharded model's state-dict keys, so the full state of the unsharded model and the
+pieces of the sharded one are keyed alike. Run inside a rank with the default process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from paritykit.errors import HarnessError
+from paritykit.harness.plan_resolution import embedding_modules, sharder_of
+from paritykit.harness.shards import Piece, detached, local_pieces, scatter
+
+
+def table_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
+    """The embedding tables of every shardable module (what fused optimizers train)."""
+    for module in embedding_modules(model).values():
+        yield from sharder_of(module).shardable_parameters(module).values()
+
+
+def shard_model(model: nn.Module, sharding_plan: Any, device: torch.device) -> nn.Module:
+    """``model`` wrapped in DistributedModelParallel with the resolved ``sharding_plan``."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.types import ShardingEnv
+
+    if not dist.is_initialized():
+        raise HarnessError("shard_model must run inside a rank with the default process group initialised")
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=sharding_plan,
+        sharders=get_default_sharders(),
+    )
+
+
+def load_full_state(dmp: nn.Module, full_state: Mapping[str, torch.Tensor]) -> None:
+    """Copy the unsharded model's full state into every shard and replica on this rank."""
+    state = dmp.state_dict()
+    missing = sorted(set(state) - set(full_state))
+    if missing:
+        raise HarnessError(f"the full state lacks {missing} that the sharded model has")
+    scatter(local_pieces(state), full_state, what="state entry")
+
+
+def state_pieces(dmp: nn.Module) -> list[Piece]:
+    """This rank's pieces of the model's state (tables, shards and replicas, dense parameters)."""
+    return detached(local_pieces(dmp.state_dict()))
+
+
+def fused_optimizer_pieces(dmp: nn.Module) -> list[Piece]:
+    """This rank's pieces of the fused optimizer's state, keyed ``<parameter fqn>/<state name>``."""
+    fused = getattr(dmp, "fused_optimizer", None)
+    if fused is None:
+        return []
+    flat = {f"{param}/{key}": value for param, entries in fused.state_dict()["state"].items() for key, value in entries.items()}
+    return detached(local_pieces({k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}))
+
+
+def canonical_name(name: str) -> str:
+    """A submodule's or parameter's name in the unsharded model: DMP and DDP add wrapper prefixes."""
+    parts = [part for part in name.split(".") if part not in ("_dmp_wrapped_module", "module")]
+    return ".".join(parts)
+
+
+def submodules_by_name(dmp: nn.Module, names: list[str]) -> dict[str, nn.Module]:
+    """The sharded model's submodules at the unsharded model's ``names``."""
+    found = {canonical_name(name): module for name, module in dmp.named_modules()}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise HarnessError(f"the sharded model has no module at {missing}")
+    return {name: found[name] for name in names}
+
+
+def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
+    """Parameters no fused optimizer trains: dense layers, dense-kernel and data-parallel tables."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return dict(in_backward_optimizer_filter(dmp.named_parameters()))
