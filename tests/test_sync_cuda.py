@@ -98,3 +98,10 @@ def test_torchrec_safe_tolist_counts_one_sync_named_tolist_on_both_backends():
         _safe_tolist(on_cpu)
     assert cuda_rec.by_kind == proxy_rec.by_kind == {"tolist": 1}
 
+
+def test_vbe_permute_kernel_syncs_are_counted_and_classified_data_dependent_on_cuda():
+    from paritykit.checks.sync.budget import measure
+    from paritykit.checks.sync.budgets import BUDGETS_BY_NAME
+
+    record = measure(BUDGETS_BY_NAME["vbe_kjt.permute.with_metadata"], "cuda")
+    assert record.by_kind == {"data-dependent": 2, "h2d-copy": 1}
