@@ -163,3 +163,37 @@ def test_regroup_as_dict_budget_runs_exactly_where_torchrec_has_it():
         with pytest.raises(UnsupportedByTorchrec, match="regroup_as_dict"):
             measure(budget, "cpu")
 
+
+
+# --- features missing from a torchrec (simulated by deleting them for the test) -----------------
+
+
+def test_regroup_as_dict_case_is_unsupported_on_a_torchrec_without_it_simulated_by_deleting_it(monkeypatch):
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    from paritykit.checks.runner import GateConfig
+    from paritykit.checks.sync.matrix import run_budget
+
+    monkeypatch.delattr(KeyedTensor, "regroup_as_dict")
+    result = run_budget(BY_NAME["kt.regroup_as_dict"], GateConfig(device="cpu"))
+    assert result.status == "unsupported"
+    assert "has no regroup_as_dict" in result.message
+
+
+def test_td_input_cases_are_unsupported_on_a_torchrec_without_td_input_simulated_by_deleting_it(monkeypatch):
+    import torchrec.sparse.tensor_dict as tensor_dict
+
+    from paritykit.checks.runner import GateConfig
+    from paritykit.checks.sync.budgets import DIST_BUDGETS_BY_NAME
+    from paritykit.checks.sync.matrix import run_budget, run_dist_budget
+
+    monkeypatch.delattr(tensor_dict, "maybe_td_to_kjt")
+    config = GateConfig(device="cpu")
+    eager = run_budget(BY_NAME["ec_td_path.torchrec_maybe_td_to_kjt"], config)
+    # Decided in the caller before any rank runs: no pool is needed to report it.
+    sharded = run_dist_budget(DIST_BUDGETS_BY_NAME["ec_input_dist.ws2.row_wise.torchrec_td"], config, pool=None)
+    assert (eager.status, sharded.status) == ("unsupported", "unsupported")
+    assert "EmbeddingCollection.forward" in eager.message
+    assert "ShardedEmbeddingCollection.input_dist" in sharded.message
+    # paritykit's own conversion does not depend on torchrec's.
+    assert run_budget(BY_NAME["ec_td_path.paritykit_td_to_kjt"], config).status == "pass"
