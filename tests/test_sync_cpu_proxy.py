@@ -149,3 +149,28 @@ def test_compiled_regions_are_not_counted_by_the_proxy():
     with count_syncs(backend="cpu") as rec:
         compiled(x)
     assert rec.total == 0
+
+
+def test_legacy_constructors_in_a_block_make_host_tensors_and_keep_their_type_checks():
+    # torch.IntTensor(data, device="cpu") is how torchrec makes a VBE KJT's strides: CPU-only, so host.
+    with count_syncs(backend="cpu") as rec:
+        strides = torch.IntTensor([[2], [4], [3]], device="cpu")
+        strides.sum(dim=1).tolist()
+        strides.sum(dim=1).max().item()
+        assert isinstance(strides, torch.IntTensor) and not isinstance(strides, torch.LongTensor)
+        assert torch.IntTensor.dtype == torch.int32
+    assert is_host(strides)
+    assert rec.total == 0
+    # Outside any block the constructor is torch's own again, and its tensor stands for device data.
+    assert not is_host(torch.IntTensor([1]))
+    assert type(torch.IntTensor).__name__ != "_LegacyConstructorType"
+
+
+def test_on_host_declares_a_vbe_kjts_strides_host_data():
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 0, 2]), stride_per_key_per_rank=[[1], [2]]
+    )
+    assert not is_host(kjt._stride_per_key_per_rank)  # made outside a block: stands for device data
+    assert is_host(on_host(kjt)._stride_per_key_per_rank)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paritykit.sync import count_syncs, sync_guard
-from paritykit.sync.cuda import SYNC_WARNING, classify_source_line, profiler_sync_count
+from paritykit.sync.cuda import SYNC_WARNING, profiler_sync_count
 
 pytestmark = pytest.mark.gpu
 
@@ -74,16 +74,34 @@ def test_guard_over_budget_names_the_site_on_cuda():
 )
 def test_cuda_count_matches_profiler_sync_events_and_cpu_proxy(op):
     x = torch.arange(6, device="cuda")
+    # Copied outside any block: a plain CPU tensor stands for device data in the proxy (a .cpu()
+    # inside the block would be counted itself and leave a host tensor that reads nothing).
+    on_cpu = x.cpu()
     with count_syncs(backend="cuda") as cuda_rec:
         op(x)
     assert cuda_rec.total == profiler_sync_count(lambda: op(x))
     with count_syncs(backend="cpu") as proxy_rec:
-        op(x.cpu())
+        op(on_cpu)
     assert proxy_rec.total == cuda_rec.total
 
 
-def test_classify_source_line_reads_the_kind_from_the_call():
-    # Pure Python, but only meaningful with the backend: kept with it.
-    assert classify_source_line("    n = x.sum().item()") == "item"
-    assert classify_source_line("torch.cuda.current_stream().synchronize()") == "stream-sync"
-    assert classify_source_line("y = f(x)") == "cuda-sync"
+def test_torchrec_safe_tolist_counts_one_sync_named_tolist_on_both_backends():
+    # _safe_tolist copies with non_blocking=True, then synchronizes the stream: one sync, which the
+    # CUDA backend names after the caller's .tolist() (as the CPU proxy does), not a stream sync.
+    from torchrec.sparse.jagged_tensor import _safe_tolist
+
+    x = torch.arange(6, device="cuda")
+    on_cpu = x.cpu()  # outside any block: stands for device data in the proxy
+    with count_syncs(backend="cuda") as cuda_rec:
+        _safe_tolist(x)
+    with count_syncs(backend="cpu") as proxy_rec:
+        _safe_tolist(on_cpu)
+    assert cuda_rec.by_kind == proxy_rec.by_kind == {"tolist": 1}
+
+
+def test_vbe_permute_kernel_syncs_are_counted_and_classified_data_dependent_on_cuda():
+    from paritykit.checks.sync.budget import measure
+    from paritykit.checks.sync.budgets import BUDGETS_BY_NAME
+
+    record = measure(BUDGETS_BY_NAME["vbe_kjt.permute.with_metadata"], "cuda")
+    assert record.by_kind == {"data-dependent": 2, "h2d-copy": 1}

@@ -1,6 +1,9 @@
-"""Rank-pool sync budgets (world size 2): sharded EBC input_dist and one step of each pipeline.
+"""Rank-pool sync budgets (world size 2): every budget exact per rank and call site; the sharded
+EBC's input_dist and one step of each pipeline.
 
-The counts and their torchrec call sites are justified in paritykit/sync_dist_budgets.py.
+The counts and their torchrec call sites are justified in paritykit/checks/sync/dist_budget.py,
+ebc_dist_budgets.py and ec_dist_budgets.py; the sharded EC's own tests are in
+test_sync_ec_dist_budgets.py.
 """
 
 from __future__ import annotations
@@ -10,20 +13,11 @@ import pytest
 from paritykit.harness import plants
 from paritykit.checks import load_check
 from paritykit.checks.runner import GateConfig
-from paritykit.checks.sync.budgets import BUDGETS
+from paritykit.checks.sync.budgets import BUDGETS, DIST_BUDGETS, DIST_BUDGETS_BY_NAME as BY_NAME
+from paritykit.checks.sync.dist_budget import LENGTH_PER_KEY, measure_dist, sites_of
+from paritykit.checks.sync.ebc_dist_budgets import FUSED_OVERFLOW_LOG_READS, INPUT_DIST_BUDGETS, PIPELINE_BUDGETS
 from paritykit.checks.sync.matrix import run_dist_budget
 from paritykit.gate.selftest import run_plant
-from paritykit.checks.sync.dist_budgets import (
-    DIST_BUDGETS,
-    FUSED_OVERFLOW_LOG_READS,
-    INPUT_DIST_BUDGETS,
-    LENGTH_PER_KEY,
-    PIPELINE_BUDGETS,
-    measure_dist,
-    sites_of,
-)
-
-BY_NAME = {budget.name: budget for budget in DIST_BUDGETS}
 
 
 @pytest.mark.parametrize("budget", DIST_BUDGETS, ids=[b.name for b in DIST_BUDGETS])
@@ -105,7 +99,7 @@ def test_planted_tolist_in_the_kjt_all_to_all_path_fails_every_rank_pool_budget(
     for result, budget in zip(results, DIST_BUDGETS):
         # One more sync than budgeted on each rank (one dist_splits per module per step on the
         # budgeted pipelines: two modules, so two more), named at the planted line.
-        extra = 1 if budget.kind == "input_dist" else 2
+        extra = 2 if budget.kind == "pipeline" else 1
         for rank, limit in enumerate(budget.budgets):
             assert f"{limit + extra} synchronization(s), budget {limit}" in result.message
             assert f"{budget.name} on rank {rank}" in result.message

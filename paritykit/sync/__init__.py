@@ -18,7 +18,6 @@ the host, so that a device-neutral test reads the same on both backends.
 from __future__ import annotations
 
 import contextlib
-import linecache
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -111,10 +110,9 @@ class _Session:
         frame = sys._getframe(1)
         site, user_site, torchrec_site, first = locate(frame)
         if not kind:
-            from paritykit.sync.cuda import classify_source_line
+            from paritykit.sync.cuda import classify_frame
 
-            line = linecache.getline(first.f_code.co_filename, first.f_lineno) if first else ""
-            kind = classify_source_line(line)
+            kind = classify_frame(first)
         stack = stack_lines(frame) if self.stacks else None
         self.record.events.append(SyncEvent(kind, site, user_site, torchrec_site, stack))
 
@@ -220,7 +218,9 @@ def on_host(obj: Any) -> Any:
         import copy
 
         marked = copy.copy(obj)
-        for name in ("_values", "_weights", "_lengths", "_offsets"):
+        # A VBE KJT's stride_per_key_per_rank is host data whatever the device (torchrec makes it
+        # with device="cpu"); declaring it keeps reads of the strides off the count.
+        for name in ("_values", "_weights", "_lengths", "_offsets", "_stride_per_key_per_rank"):
             value = getattr(obj, name, None)
             if value is not None:
                 setattr(marked, name, mark_host(value))

@@ -14,7 +14,9 @@ A tensor stands for a host tensor (it is an instance of the marker subclass ``Ho
   * it was created inside a proxy session by a factory given no device (``torch.tensor(data)``,
     ``torch.zeros(n)``, ...) or the device string ``"cpu"`` -- what lands on the host on a GPU run.
     A factory given a ``torch.device`` object (torchrec's ``device=self.device()``) stands for the
-    device;
+    device. The legacy typed constructors (``torch.IntTensor(data, device="cpu")``, how torchrec
+    makes a VBE KJT's ``stride_per_key_per_rank``) only ever make CPU tensors, so inside a session
+    what they build from Python data is host data too;
   * it is the result of a copy to the host (``.cpu()``), or was computed from a host tensor: the
     subclass propagates through every op by torch's own subclass machinery, so the host side
     stays host across ``torch.cat``/``sum``/fbgemm ops, exactly as CPU tensors stay CPU on a GPU.
@@ -38,10 +40,12 @@ size needs the data (``nonzero``, ``masked_select``, ``unique``, ``repeat_interl
 ``output_size``, boolean-mask indexing, ``equal``/``allclose``). Every host read on the corpus
 paths happens in Python (torchrec's ``_safe_tolist`` and friends), where the proxy sees it.
 
-Limits, stated: reads done inside C++ kernels (an fbgemm op that calls ``.item()`` internally) are
-invisible to the proxy; legacy constructors (``torch.IntTensor(...)``) are not intercepted, so a
-VBE KJT's ``stride_per_key_per_rank`` reads count as device reads; compiled (dynamo) regions are
-not counted. The CUDA backend has none of these limits and is the reference when a GPU exists.
+Limits, stated: reads done inside C++ kernels (an fbgemm op that calls ``.item()`` internally, e.g.
+``keyed_jagged_index_select_dim1`` given no output size) are invisible to the proxy; compiled
+(dynamo) regions are not counted; a tensor made *before* any session by a legacy constructor or a
+``device="cpu"`` factory is not known to be host data unless declared with ``on_host`` (which does
+declare a KJT's ``stride_per_key_per_rank``, host data by torchrec's construction). The CUDA backend
+has none of these limits and is the reference when a GPU exists.
 
 Cost
 ----
@@ -254,9 +258,43 @@ def _factory(original: Callable, from_data: bool) -> Callable:
     return factory
 
 
+class _LegacyConstructorType(type):
+    """Stands in for a legacy typed constructor (``torch.IntTensor``) while a session is open.
+
+    Calling it builds the tensor with the original and marks what it built from Python data as
+    host data (these constructors only make CPU tensors); ``isinstance``/``issubclass`` checks and
+    attributes go to the original, so code that inspects the type sees no difference.
+    """
+
+    def __call__(cls, *args, **kwargs):
+        out = cls.original(*args, **kwargs)
+        from_data = not any(isinstance(a, torch.Tensor) for a in args)
+        return _as_host(out) if from_data else out
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, cls.original)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, cls.original)
+
+    def __getattr__(cls, name):
+        return getattr(cls.original, name)
+
+
+def _legacy_constructor(original: Any) -> Any:
+    return _LegacyConstructorType(original.__name__, (), {"original": original, "__doc__": original.__doc__})
+
+
+_LEGACY_CONSTRUCTORS = (
+    "DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor",
+    "IntTensor", "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor",
+)
+
+
 def _patches() -> list[tuple[Any, str, Callable[[Callable], Callable]]]:
     tensor = torch.Tensor
-    return [
+    legacy = [(torch, name, _legacy_constructor) for name in _LEGACY_CONSTRUCTORS if hasattr(torch, name)]
+    return legacy + [
         (tensor, "item", lambda f: _read(ITEM, f)),
         (tensor, "tolist", lambda f: _read(TOLIST, f)),
         (tensor, "__bool__", lambda f: _read(SCALAR, f)),

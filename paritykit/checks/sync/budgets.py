@@ -1,189 +1,30 @@
-"""The `sync` check: sync budgets of TorchRec hot paths, one case per budget.
+"""The sync budget corpus, in the order the gate runs it: single-process budgets, then rank-pool ones.
 
-Each budget builds its inputs outside the counted region (on ``config.device``; host data declared
-with ``on_host``), then counts the region on the backend of that device: the CUDA backend on
-"cuda", the CPU proxy on "cpu". A case fails when the region makes more syncs than its budget;
-the message names the call sites. Every budget says which torchrec call is the sync.
-
-The budgets that need the rank pool (a sharded EBC's input_dist, one step of each training
-pipeline) live in dist_budgets.py with their justification.
+Each module named here holds its budgets with the torchrec source that justifies every count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from paritykit.checks.sync.budget import SyncBudget
+from paritykit.checks.sync.dist_budget import DistSyncBudget
+from paritykit.checks.sync.ebc_dist_budgets import EBC_DIST_BUDGETS
+from paritykit.checks.sync.ec_budgets import EC_BUDGETS
+from paritykit.checks.sync.ec_dist_budgets import EC_DIST_BUDGETS
+from paritykit.checks.sync.kjt_budgets import KJT_BUDGETS
+from paritykit.checks.sync.regroup_budgets import REGROUP_BUDGETS
+from paritykit.checks.sync.vbe_budgets import VBE_BUDGETS
 
-import torch
-
-from paritykit.checks.sync.inputs import KEYS, backend_for, device_kjt, device_td, host_jts, make_ebc
-from paritykit.sync import count_syncs
-
-@dataclass(frozen=True)
-class SyncBudget:
-    """A hot path and the most syncs it may make.
-
-    prepare(device) builds the inputs, uncounted, and returns the region to count.
-    sites: the torchrec functions the syncs are attributed to (checked by the tests).
-    """
-
-    name: str
-    budget: int
-    prepare: Callable[[torch.device], Callable[[], Any]]
-    sites: tuple[str, ...] = ()
+BUDGETS: tuple[SyncBudget, ...] = KJT_BUDGETS + EC_BUDGETS + VBE_BUDGETS + REGROUP_BUDGETS
+DIST_BUDGETS: tuple[DistSyncBudget, ...] = EBC_DIST_BUDGETS + EC_DIST_BUDGETS
 
 
-
-# --- the budgets ----------------------------------------------------------------------------------
-
-
-def _ebc_forward_moved_kjt(device: torch.device) -> Callable[[], Any]:
-    # from_jt_dict computes length_per_key/offset_per_key on the host (its tolist reads host data)
-    # and KJT.to carries them over, so EBC.forward -> to_dict -> length_per_key reads nothing.
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    ebc = make_ebc(device)
-    kjt = KeyedJaggedTensor.from_jt_dict(host_jts()).to(device)
-    return lambda: ebc(kjt)
+def _by_name(budgets: tuple) -> dict:
+    names = [b.name for b in budgets]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"sync budgets named twice: {duplicates}")
+    return {b.name: b for b in budgets}
 
 
-def _build_and_forward_nonblocking(device: torch.device) -> Callable[[], Any]:
-    # The whole of TorchRec's advice inside the region: build from host JTs (host reads only),
-    # move with non_blocking=True (cudaMemcpyAsync, no memcpy_and_sync), forward with metadata.
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    ebc = make_ebc(device)
-    jts = host_jts()
-    return lambda: ebc(KeyedJaggedTensor.from_jt_dict(jts).to(device, non_blocking=True))
-
-
-def _move_blocking(device: torch.device) -> Callable[[], Any]:
-    # KJT.to without non_blocking: values.to(device) and lengths.to(device) are each a blocking
-    # pageable copy (memcpy_and_sync); weights and offsets are None, so 2.
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    kjt = KeyedJaggedTensor.from_jt_dict(host_jts())
-    return lambda: kjt.to(device)
-
-
-def _ebc_forward_unsynced_kjt(device: torch.device) -> Callable[[], Any]:
-    # EBC.forward -> KJT.to_dict -> length_per_key -> _maybe_compute_length_per_key:
-    # _safe_tolist(torch.sum(lengths.view(len(keys), stride), dim=1)) reads the device lengths: 1.
-    ebc = make_ebc(device)
-    kjt = device_kjt(device, synced=False)
-    return lambda: ebc(kjt)
-
-
-def _from_lengths_sync(device: torch.device) -> Callable[[], Any]:
-    # from_lengths_sync -> KJT.sync() -> length_per_key (the one tolist); offset_per_key is then
-    # _cumsum of that Python list, no read: 1.
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    kjt = device_kjt(device, synced=False)
-    values, lengths = kjt.values(), kjt.lengths()
-    return lambda: KeyedJaggedTensor.from_lengths_sync(keys=list(KEYS), values=values, lengths=lengths)
-
-
-def _plain_constructor(device: torch.device) -> Callable[[], Any]:
-    # The constructor only stores tensors (metadata deferred): 0 at construction.
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    kjt = device_kjt(device, synced=False)
-    values, lengths = kjt.values(), kjt.lengths()
-    return lambda: KeyedJaggedTensor(keys=list(KEYS), values=values, lengths=lengths)
-
-
-def _length_per_key_unsynced(device: torch.device) -> Callable[[], Any]:
-    # length_per_key -> _maybe_compute_length_per_key -> _safe_tolist: 1.
-    kjt = device_kjt(device, synced=False)
-    return lambda: kjt.length_per_key()
-
-
-def _length_per_key_synced(device: torch.device) -> Callable[[], Any]:
-    kjt = device_kjt(device, synced=True)
-    return lambda: kjt.length_per_key()
-
-
-def _permute_synced(device: torch.device) -> Callable[[], Any]:
-    # KJT.permute builds indices_tensor = torch.tensor(indices, device=self.device()): a blocking
-    # host->device copy of a Python list (1). permute_2D_sparse_data gets permuted_lengths_sum
-    # from the metadata, so fbgemm does not read the lengths.
-    kjt = device_kjt(device, synced=True)
-    return lambda: kjt.permute([2, 0, 1])
-
-
-def _permute_with_indices_tensor(device: torch.device) -> Callable[[], Any]:
-    # The same with the indices tensor made beforehand on the device: 0.
-    kjt = device_kjt(device, synced=True)
-    indices_tensor = torch.tensor([2, 0, 1], dtype=torch.int, device=device)
-    return lambda: kjt.permute([2, 0, 1], indices_tensor)
-
-
-def _split_synced(device: torch.device) -> Callable[[], Any]:
-    # split slices values/lengths with length_per_key/offset_per_key, already known: 0.
-    kjt = device_kjt(device, synced=True)
-    return lambda: kjt.split([1, 2])
-
-
-def _split_unsynced(device: torch.device) -> Callable[[], Any]:
-    # split -> length_per_key (1 tolist) then offset_per_key (_cumsum of the list): 1.
-    kjt = device_kjt(device, synced=False)
-    return lambda: kjt.split([1, 2])
-
-
-def _to_dict_synced(device: torch.device) -> Callable[[], Any]:
-    # _maybe_compute_kjt_to_jt_dict splits with length_per_key and views the lengths: 0.
-    kjt = device_kjt(device, synced=True)
-    return lambda: kjt.to_dict()
-
-
-def _to_dict_unsynced(device: torch.device) -> Callable[[], Any]:
-    # to_dict -> length_per_key: 1.
-    kjt = device_kjt(device, synced=False)
-    return lambda: kjt.to_dict()
-
-
-def _torchrec_td_path(device: torch.device) -> Callable[[], Any]:
-    # EBC.forward(td) -> maybe_td_to_kjt builds a KJT from cat'ed lengths without metadata, so
-    # to_dict -> length_per_key reads the device lengths: 1.
-    ebc = make_ebc(device)
-    td = device_td(device)
-    return lambda: ebc(td)
-
-
-def _paritykit_td_path(device: torch.device) -> Callable[[], Any]:
-    # paritykit.convert.td_to_kjt promises sync-free metadata: 0 for conversion and forward.
-    from paritykit.convert import td_to_kjt
-
-    ebc = make_ebc(device)
-    td = device_td(device)
-    return lambda: ebc(td_to_kjt(td))
-
-
-BUDGETS: tuple[SyncBudget, ...] = (
-    SyncBudget("ebc_forward.kjt_from_host_jts_moved", 0, _ebc_forward_moved_kjt),
-    SyncBudget("ebc_forward.build_move_nonblocking_forward", 0, _build_and_forward_nonblocking),
-    SyncBudget("kjt.to_device_blocking", 2, _move_blocking, ("to",)),
-    SyncBudget("ebc_forward.kjt_without_metadata", 1, _ebc_forward_unsynced_kjt, ("_maybe_compute_length_per_key",)),
-    SyncBudget("kjt.from_lengths_sync", 1, _from_lengths_sync, ("_maybe_compute_length_per_key",)),
-    SyncBudget("kjt.plain_constructor", 0, _plain_constructor),
-    SyncBudget("kjt.length_per_key.without_metadata", 1, _length_per_key_unsynced, ("_maybe_compute_length_per_key",)),
-    SyncBudget("kjt.length_per_key.with_metadata", 0, _length_per_key_synced),
-    SyncBudget("kjt.permute", 1, _permute_synced, ("permute",)),
-    SyncBudget("kjt.permute.indices_tensor_given", 0, _permute_with_indices_tensor),
-    SyncBudget("kjt.split.with_metadata", 0, _split_synced),
-    SyncBudget("kjt.split.without_metadata", 1, _split_unsynced, ("_maybe_compute_length_per_key",)),
-    SyncBudget("kjt.to_dict.with_metadata", 0, _to_dict_synced),
-    SyncBudget("kjt.to_dict.without_metadata", 1, _to_dict_unsynced, ("_maybe_compute_length_per_key",)),
-    SyncBudget("td_path.torchrec_maybe_td_to_kjt", 1, _torchrec_td_path, ("_maybe_compute_length_per_key",)),
-    SyncBudget("td_path.paritykit_td_to_kjt", 0, _paritykit_td_path),
-)
-
-
-def measure(budget: SyncBudget, device: str, *, stacks: bool = False):
-    """Prepare the budget's inputs on ``device``, count its region, and return the SyncRecord."""
-    backend = backend_for(device)
-    region = budget.prepare(torch.device(device))
-    with count_syncs(backend=backend, stacks=stacks) as record:
-        region()
-    return record
+BUDGETS_BY_NAME: dict[str, SyncBudget] = _by_name(BUDGETS)
+DIST_BUDGETS_BY_NAME: dict[str, DistSyncBudget] = _by_name(DIST_BUDGETS)

@@ -6,8 +6,10 @@ from typing import Any
 
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case
-from paritykit.checks.sync.budgets import BUDGETS, SyncBudget, measure
-from paritykit.checks.sync.dist_budgets import DIST_BUDGETS, WORLD_SIZE, DistSyncBudget, check_dist_budget, measure_dist
+from paritykit.checks.sync.budget import SyncBudget, measure
+from paritykit.checks.sync.budgets import BUDGETS, DIST_BUDGETS
+from paritykit.checks.sync.dist_budget import WORLD_SIZE, DistSyncBudget, check_dist_budget, measure_dist
+from paritykit.checks.sync.inputs import backend_for
 from paritykit.sync import check_budget
 
 NAME = "sync"
@@ -18,8 +20,9 @@ def run_budget(budget: SyncBudget, config: GateConfig) -> CaseResult:
 
     def body() -> dict[str, Any]:
         record = measure(budget, config.device)
-        check_budget(record, budget.budget, what=budget.name)
-        return {"syncs": record.total, "budget": budget.budget, "by_kind": record.by_kind, "by_site": record.by_site}
+        limit = budget.budget_on(backend_for(config.device))
+        check_budget(record, limit, what=budget.name)
+        return {"syncs": record.total, "budget": limit, "by_kind": record.by_kind, "by_site": record.by_site}
 
     return run_case(NAME, budget.name, f"{config.replay(NAME)}  # case: {budget.name}", body)
 
