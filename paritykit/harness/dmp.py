@@ -30,15 +30,28 @@ def table_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
         yield from sharder_of(module).shardable_parameters(module).values()
 
 
-def shard_model(model: nn.Module, sharding_plan: Any, device: torch.device) -> nn.Module:
-    """``model`` wrapped in DistributedModelParallel with the resolved ``sharding_plan``."""
+def shard_model(model: nn.Module, sharding_plan: Any, device: torch.device | str | None = None) -> nn.Module:
+    """``model`` wrapped in DistributedModelParallel, inside a rank with the default process group.
+
+    ``sharding_plan`` is a torchrec ShardingPlan or anything ``resolve_plan`` takes (``{table:
+    sharding_plan.table_wise(rank=1), ...}``), resolved here for this process group's world size.
+    ``device`` defaults to this rank's device (its GPU under nccl, else the CPU).
+    """
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import get_default_sharders
-    from torchrec.distributed.types import ShardingEnv
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from paritykit.harness.devices import rank_device
+    from paritykit.harness.plan_resolution import resolve_plan
 
     if not dist.is_initialized():
         raise HarnessError("shard_model must run inside a rank with the default process group initialised")
+    if device is None:
+        device = rank_device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    device = torch.device(device)
+    if not isinstance(sharding_plan, ShardingPlan):
+        sharding_plan = resolve_plan(model, sharding_plan, world_size=dist.get_world_size(), device_type=device.type)
     return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(dist.group.WORLD),
@@ -55,6 +68,14 @@ def load_full_state(dmp: nn.Module, full_state: Mapping[str, torch.Tensor]) -> N
     if missing:
         raise HarnessError(f"the full state lacks {missing} that the sharded model has")
     scatter(local_pieces(state), full_state, what="state entry")
+
+
+def gather_full_state(dmp: nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank gets the model's full state: tables put back together from the shards of all ranks
+    (ParityError when they overlap, leave a gap, or replicas disagree), dense parameters as they are."""
+    from paritykit.harness.shards import gather_on_ranks
+
+    return gather_on_ranks(state_pieces(dmp), "the sharded model's state")
 
 
 def state_pieces(dmp: nn.Module) -> list[Piece]:

@@ -22,13 +22,13 @@ def feature_bounds(model: nn.Module) -> dict[str, int]:
 
     bounds: dict[str, int] = {}
     for module in embedding_modules(model).values():
-        for config in _table_configs(module):
+        for config in table_configs(module):
             for feature in config.feature_names:
                 bounds[feature] = min(bounds.get(feature, config.num_embeddings), config.num_embeddings)
     return bounds
 
 
-def _table_configs(module: nn.Module) -> list[Any]:
+def table_configs(module: nn.Module) -> list[Any]:
     inner = getattr(module, "_embedding_bag_collection", module)
     for name in ("embedding_bag_configs", "embedding_configs"):
         if hasattr(inner, name):

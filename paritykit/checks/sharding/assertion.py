@@ -28,7 +28,7 @@ import torch
 
 from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.cases import ShardingCase
-from paritykit.checks.sharding.comparison import Tolerance, compare_records
+from paritykit.checks.sharding.comparison import EXACT, Bound, Tolerance, compare_records
 from paritykit.checks.sharding.reference import train_reference
 from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup, gradient_division
 from paritykit.checks.sharding.tolerances import tolerance_for
@@ -48,7 +48,7 @@ def assert_sharded_matches_unsharded(
     dense_optimizer: OptimizerSpec | str | None = None,
     lr: float = DEFAULT_LR,
     seed: int = 0,
-    tolerance: Tolerance | None = None,
+    tolerance: Tolerance | Bound | str | None = None,
 ) -> dict[str, Any]:
     """Train ``model_fn()`` sharded by ``plan`` and unsharded for ``len(batches)`` steps; ParityError
     naming step, rank, table or output and element at the first difference. Returns what was compared.
@@ -59,7 +59,8 @@ def assert_sharded_matches_unsharded(
     "rowwise_adagrad" or an OptimizerSpec; fused), everything else with ``dense_optimizer``; both at
     ``lr`` unless an OptimizerSpec says otherwise. ``loss_fn(output, batch)`` defaults to a fixed
     function of every output element. Without ``pool`` a RankPool of the right size is started and
-    closed. ``tolerance`` defaults to ``tolerance_for(setup)`` (see tolerances.py).
+    closed. ``tolerance``: a Tolerance (a Bound per kind of number), one Bound for everything, "exact",
+    or None for the stated default (tolerances.py: 64 units of roundoff, norm-wise).
     """
     if isinstance(model_fn, ShardingCase):
         # The built-in case form: assert_sharded_matches_unsharded(case, pool).
@@ -70,7 +71,19 @@ def assert_sharded_matches_unsharded(
     reference = train_reference(setup, division=gradient_division())
     per_rank = _run_on_ranks(setup, pool)
     header = f"{getattr(model_fn, '__qualname__', repr(model_fn))} sharded over {setup.world_size} ranks"
-    return compare_records(assemble_records(per_rank), reference, tolerance or tolerance_for(setup), header)
+    return compare_records(assemble_records(per_rank), reference, _tolerance(tolerance, setup), header)
+
+
+def _tolerance(value: Tolerance | Bound | str | None, setup: TrainingSetup) -> Tolerance:
+    if value is None:
+        return tolerance_for(setup)
+    if isinstance(value, Tolerance):
+        return value
+    if value == "exact":
+        value = EXACT
+    if isinstance(value, Bound):
+        return Tolerance(value, value, value, value, value, value)
+    raise HarnessError(f"tolerance is a Tolerance, a Bound, 'exact' or None; got {value!r}")
 
 
 def _run_on_ranks(setup: TrainingSetup, pool: Any) -> list[dict[str, Any]]:

@@ -137,9 +137,12 @@ def final_problems(actual: TrainingRecord, expected: TrainingRecord, tolerance: 
 
 def compare_records(actual: TrainingRecord, expected: TrainingRecord, tolerance: Tolerance, header: str) -> dict[str, Any]:
     """ParityError naming every differing (step, rank) and final state; else metrics of what was compared."""
-    problems = per_step_problems(actual, expected, tolerance) + final_problems(actual, expected, tolerance)
+    per_step, final = per_step_problems(actual, expected, tolerance), final_problems(actual, expected, tolerance)
+    problems = per_step + final
     if problems:
-        shown = problems[:4] + ([f"... and {len(problems) - 4} more"] if len(problems) > 4 else [])
+        # The first steps that differ, then always the final state: it names the tables.
+        hidden = max(0, len(per_step) - 3)
+        shown = per_step[:3] + ([f"... and {hidden} more step(s)/rank(s) differ"] if hidden else []) + final
         raise ParityError(f"{header}: sharded training differs from the unsharded reference\n" + "\n".join(shown))
     return {
         "steps": len(expected.outputs),

@@ -26,7 +26,22 @@ def check_batches(steps: list[list[Any]], model: nn.Module | None = None) -> int
     if model is not None:
         bounds = feature_bounds(model)
         for step, per_rank in enumerate(steps):
+            kinds: dict[str, tuple[int, tuple]] = {}
             for rank, batch in enumerate(per_rank):
                 for path, kjt in sparse_inputs(batch):
                     validate_kjt(kjt, f"step {step}, rank {rank}, {path}", bounds)
+                    _check_same_layout_on_every_rank(kinds, step, rank, path, kjt)
     return world_size
+
+
+def _check_same_layout_on_every_rank(seen: dict[str, tuple[int, tuple]], step: int, rank: int, path: str, kjt) -> None:
+    # The ranks exchange their KJTs' tensors in all-to-alls: different dtypes or keys across ranks crash
+    # the collective (a segfault under gloo) instead of failing with a message.
+    weights = kjt.weights_or_none()
+    layout = (tuple(kjt.keys()), kjt.values().dtype, kjt.lengths().dtype, None if weights is None else weights.dtype)
+    first = seen.setdefault(path, (rank, layout))
+    if first[1] != layout:
+        raise HarnessError(
+            f"step {step}: {path} on rank {rank} has keys and dtypes (keys, values, lengths, weights) {layout}, "
+            f"rank {first[0]} has {first[1]}: every rank must send the same layout"
+        )
