@@ -123,11 +123,14 @@ class _Examples:
         cid = self.case_id(spec)
         if not self.config.selects(self.check, cid):
             return  # generated (so the sequence of cases is the same) but not run
-        result = run_case(self.check, cid, self.config, lambda: self.body(spec))
+        # A case seen already is not run again (hypothesis replays the failing one at the end).
+        done = self.results.get(cid) or next((f for f in self.failures if f.case_id == cid), None)
+        result = done or run_case(self.check, cid, self.config, lambda: self.body(spec))
         if result.status in ("pass", "unsupported", "skip"):
             self.results[cid] = result
             return
-        self.failures.append(result)
+        if done is None:
+            self.failures.append(result)
         raise _ExampleFailed(result.message)
 
     def outcome(self) -> list[CaseResult]:

@@ -158,7 +158,8 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"{'checks':<16} {', '.join(available_checks())}")
     if shim_needed():
         needed = [p.name for p in shim_patches() if p.needed]
-        print(f"{'cpu stream shim':<16} {', '.join(needed) or 'nothing to patch'} (what this torch/torchrec needs to run the stream pipelines on CPU)")
+        print(f"{'cpu stream shim':<16} patches {', '.join(needed) or 'nothing'} (what this torch/torchrec lack on CPU); "
+              "anything else torchrec reaches there is a harness error")
     return EXIT_OK
 
 
