@@ -61,10 +61,12 @@ def failure_signature(case: CaseResult) -> tuple[str, str]:
     return case.case_id, re.sub(r"\d+", "N", _headline(case))
 
 
-def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanRun") -> PlantOutcome:
-    """The plant's run of its check, judged against the clean run of the same check and config."""
+def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanRun | None" = None) -> PlantOutcome:
+    """The plant's run of its check, judged against the clean run of the same check and config
+    (run here when not given)."""
     plant = plants.PLANTS[name]
     check, description = plant.check, plant.description
+    clean = clean or run_clean(check, config, pools)
     started = time.perf_counter()
     with plants.applied([name]):
         results, _ = run_checks([check], config, pools)
