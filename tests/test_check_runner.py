@@ -2,6 +2,7 @@
 
 from hypothesis import strategies as st
 
+from paritykit.checks.results import short_case_id
 from paritykit.checks.runner import GateConfig, result_from_exception, run_property
 from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
 
@@ -20,12 +21,17 @@ def test_every_example_passes_with_its_metrics():
     assert all(r.status == "pass" and r.metrics["value"] == int(r.case_id) for r in results)
 
 
-def test_failure_is_shrunk_to_the_minimal_case_with_a_replay_string():
+def test_failure_is_reported_once_as_its_first_failing_case_with_the_shrunk_minimal_one_and_a_replay():
     results = run_property("demo", st.integers(0, 1000), body, GateConfig(examples=50, seed=3))
     failures = [r for r in results if r.status == "fail"]
     assert len(failures) == 1
-    assert failures[0].case_id == "51" and failures[0].message == "51 differs"
-    assert "paritykit gate --check demo" in failures[0].replay and "--seed 3" in failures[0].replay
+    first = int(failures[0].case_id)
+    assert first > 50 and failures[0].message.startswith(f"{first} differs")
+    # The minimal failing case hypothesis shrank it to is named under it.
+    assert "shrank it to a smaller failing case: 51\n51 differs" in failures[0].message
+    replay = failures[0].replay
+    assert "paritykit gate --check demo" in replay and "--seed 3" in replay
+    assert f"--case {short_case_id('demo', str(first))}" in replay
 
 
 def test_unsupported_is_reported_apart_from_failures_and_explicit_examples_run_first():

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -48,11 +49,41 @@ def test_known_issue_does_not_fail_the_gate_and_stale_one_fails_under_strict(sta
     assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--strict"]) == 1
 
 
-def test_known_issue_for_other_versions_does_not_apply(stand_in, tmp_path, monkeypatch):
+def test_known_issue_listed_for_other_versions_is_carried_over_and_fails_only_under_strict(stand_in, tmp_path, monkeypatch, capsys):
     listed = tmp_path / "known.toml"
-    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "*"\nreason = "old"\nversions = { torch = "1.*" }\n')
+    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "case-*"\nreason = "old"\nversions = { torch = "1.*" }\n')
+    monkeypatch.setenv(OUTCOME_ENV, "fail")
+    report = tmp_path / "report"
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--report", str(report)]) == 0
+    case = json.loads((report / "report.json").read_text())["cases"][1]
+    torch_version = version("torch")  # what the package metadata says, as the gate reads it
+    assert case["status"] == "known-issue"
+    assert case["message"].startswith(f"known issue, carried over: known in torch 1.*, still reproduces in torch {torch_version}: old.")
+    out = capsys.readouterr().out
+    assert f"note: known issue carried over: stand-in 'case-*' is known in torch 1.* and still reproduces in torch {torch_version}" in out
+    assert "extend its versions in" in out
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--strict"]) == 1
+
+
+def test_known_issue_fixed_in_an_earlier_version_that_fails_again_is_a_regression(stand_in, tmp_path, monkeypatch, capsys):
+    listed = tmp_path / "known.toml"
+    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "case-*"\nreason = "old"\n'
+                      'versions = { torch = "1.*" }\nfixed_in = { torch = "2.0" }\n')
     monkeypatch.setenv(OUTCOME_ENV, "fail")
     assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed)]) == 1
+    assert "matches known issue 'case-*', fixed in torch 2.0: a regression of a fixed issue" in capsys.readouterr().out
+    # A fixed issue that does not reproduce is what the file says: nothing to report, even under --strict.
+    monkeypatch.setenv(OUTCOME_ENV, "pass")
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--strict"]) == 0
+
+
+def test_strict_reports_an_entry_for_any_version_that_no_longer_reproduces(stand_in, tmp_path, monkeypatch, capsys):
+    listed = tmp_path / "known.toml"
+    listed.write_text('[[issue]]\ncheck = "stand-in"\ncase = "case-*"\nreason = "old"\nversions = { torch = "1.*" }\n')
+    monkeypatch.setenv(OUTCOME_ENV, "pass")
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed)]) == 0
+    assert "note: known issue no longer reproduces: stand-in 'case-*' (listed for torch 1.*) did not fail" in capsys.readouterr().out
+    assert cli.main(["gate", "--check", "stand-in", "--known-issues", str(listed), "--strict"]) == 1
 
 
 def test_unimplemented_check_exits_2_with_a_clear_message(monkeypatch, capsys):
@@ -74,24 +105,22 @@ def test_bad_arguments_exit_2():
 
 
 def test_info_prints_versions_through_the_console_script():
-    from importlib.metadata import version
-
     out = subprocess.run([sys.executable, "-m", "paritykit", "info"], capture_output=True, text=True, check=True).stdout
     assert f"torch            {version('torch')}" in out
     assert "torchrec" in out and "backends" in out
 
 
 def test_known_issue_marking_is_idempotent_and_still_counts_as_reproduced():
-    from paritykit.gate.known_issues import KnownIssue, apply
+    from paritykit.checks.known_issues import KnownIssue, apply
     from paritykit.gate.report import CaseResult
 
     issue = KnownIssue(check="c", case="broken-*", reason="upstream bug")
     cases = [CaseResult("c", "broken-1", "fail", message="boom"), CaseResult("c", "fine", "pass")]
-    once, stale_once = apply(cases, [issue], {})
-    twice, stale_twice = apply(once, [issue], {})
-    assert [c.status for c in twice] == ["known-issue", "pass"] and twice == once
-    assert stale_once == stale_twice == []
-    assert once[0].message.startswith("known issue: upstream bug\nboom")
+    once = apply(cases, [issue], {})
+    twice = apply(once.cases, [issue], {})
+    assert [c.status for c in twice.cases] == ["known-issue", "pass"] and twice.cases == once.cases
+    assert once.stale == twice.stale == [] and once.carried == twice.carried == []
+    assert once.cases[0].message.startswith("known issue: upstream bug\nboom")
 
 
 def test_unknown_benchmark_exits_2_listing_the_available_ones(capsys):

@@ -5,6 +5,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from paritykit.checks.results import short_case_id
 from paritykit.gate.report import (
     JSON_SCHEMA_VERSION,
     CaseResult,
@@ -58,15 +59,35 @@ def test_terminal_lists_every_non_passing_case_with_replay():
 
 def test_markdown_escapes_pipes_and_has_details():
     text = render_markdown(sample_report())
-    assert "| td-kjt | 1 | 1 | 0 | 0 | 0 | 0 |" in text
     assert "ebc\\|mean" in text
     assert "Replay: `replay-1`" in text
+
+
+def test_markdown_has_a_summary_row_per_check_and_lists_failures_before_anything_else():
+    report = sample_report()
+    text = render_markdown(report)
+    assert "| td-kjt | FAIL | 1 | 1 | 0 | 0 | 0 | 0 | 0.2 |" in text
+    assert "| sync | ERROR | 0 | 0 | 1 | 1 | 0 | 0 | 0.0 |" in text
+    assert text.startswith("# paritykit gate report\n\n**FAIL** (exit code 1): 1 pass, 1 fail, 1 error")
+    failing = text.index("### [fail] td-kjt :: `" + report.cases[1].short_id)
+    error = text.index("### [error] sync :: ")
+    known = text.index("### [known-issue] pipeline :: ")
+    passing = text.index("| ebc-sum | `" + report.cases[0].short_id)
+    assert text.index("## Failures (2)") < failing < error < known < passing
+
+
+def test_terminal_lists_failures_first_with_the_short_id_that_replays_them():
+    report = sample_report()
+    text = render_terminal(report)
+    assert text.index("[fail] td-kjt") < text.index("[error] sync") < text.index("[known-issue] pipeline") < text.index("[skip] sync")
+    assert f"[fail] td-kjt :: ebc|mean  (case {report.cases[1].short_id})" in text
 
 
 def test_json_is_versioned_and_round_trips():
     report = sample_report()
     data = json.loads(render_json(report))
     assert data["schema_version"] == JSON_SCHEMA_VERSION
+    assert [c["short_id"] for c in data["cases"]] == [short_case_id(c.check, c.case_id) for c in report.cases]
     assert data["summary"]["exit_code"] == 1
     assert data["summary"]["counts"]["fail"] == 1
     assert report_from_json(render_json(report)) == report
@@ -89,6 +110,8 @@ def test_junit_parses_back_with_counts_per_suite():
     assert failure.get("message") == "1 difference"
     assert "replay: replay-1" in failure.text
     assert suites["pipeline"].find("testcase/skipped").get("message").startswith("known-issue")
+    # One testcase per case, whatever its status.
+    assert len(root.findall("testsuite/testcase")) == len(sample_report().cases)
 
 
 def test_write_report_writes_three_files(tmp_path):

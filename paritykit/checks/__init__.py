@@ -4,7 +4,8 @@ assertions and the tests all reach a check through this registry.
 Each check package (``paritykit/checks/<name>/``) holds everything the check knows: its gate entry
 (``CHECK``, an object satisfying ``Check``), its public assertion, its cases and strategies, and
 its planted bugs (``plants.py``). Packages are imported lazily so that ``paritykit info`` and the
-pytest plugin stay cheap.
+pytest plugin stay cheap. ``known_issues`` (with ``known_issues.toml``) lives here, below the gate,
+because the checks' random draws follow the same entries that the gate judges failures by.
 """
 
 from __future__ import annotations

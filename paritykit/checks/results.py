@@ -1,11 +1,24 @@
-"""What every check produces: one CaseResult per case."""
+"""What every check produces: one CaseResult per case, and the short id that names a case on the command line."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 STATUSES = ("pass", "fail", "error", "skip", "known-issue", "unsupported")
+SHORT_ID_LENGTH = 10
+# A skip whose message starts so is a case that ran and compared nothing (errors.NothingCompared).
+NOTHING_COMPARED = "nothing compared: "
+
+
+def short_case_id(check: str, case_id: str) -> str:
+    """A short, stable name for a case: a hash of its check and its descriptive id.
+
+    The descriptive id is a function of the seed and the arguments, so the short id is too;
+    ``paritykit gate --case SHORT_ID`` re-runs that case alone.
+    """
+    return hashlib.sha256(f"{check}\0{case_id}".encode()).hexdigest()[:SHORT_ID_LENGTH]
 
 
 @dataclass
@@ -28,3 +41,12 @@ class CaseResult:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CaseResult.status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def short_id(self) -> str:
+        return short_case_id(self.check, self.case_id)
+
+    @property
+    def compared_nothing(self) -> bool:
+        """A case that ran but compared nothing: not a pass."""
+        return self.status == "skip" and self.message.startswith(NOTHING_COMPARED)

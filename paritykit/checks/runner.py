@@ -6,18 +6,21 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
-from paritykit.checks.results import CaseResult
-from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
+from paritykit.checks.results import NOTHING_COMPARED, CaseResult, short_case_id
+from paritykit.errors import HarnessError, NothingCompared, ParityError, RankFailure, UnsupportedByTorchrec, raised_by_harness
 from paritykit.harness.patching import replaced
 
 Metrics = dict[str, Any]
+# The status of a case that ``--case`` did not select: never run, dropped by the gate.
+NOT_SELECTED = "not selected by --case"
+REPLAY_LABEL_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class GateConfig:
     device: "cpu" or "cuda" (already resolved from "auto").
     world_sizes: the world sizes to cover; each check picks the ones that make sense for it.
     examples: hypothesis examples per property.
+    case: run only this case (its full id or its short id); the others are generated, not run.
+    fixtures_dir: the golden fixtures to verify (default: those shipped with the package).
+    strict: missing fixtures are an error rather than a skip.
     """
 
     device: str = "cpu"
@@ -35,39 +41,63 @@ class GateConfig:
     seed: int = 0
     report_dir: Path | None = None
     shrink: bool = True
+    case: str | None = None
+    fixtures_dir: Path | None = None
+    strict: bool = False
 
-    def replay(self, check: str, spec: Any = None) -> str:
+    def replay(self, check: str, case_id: str | None = None) -> str:
+        """The command that re-runs ``check`` (or only its case ``case_id``) as this run did."""
         ws = ",".join(str(w) for w in self.world_sizes)
         command = (
             f"paritykit gate --check {check} --device {self.device} --world-size {ws} "
             f"--examples {self.examples} --seed {self.seed}"
-        )
-        return command if spec is None else f"{command}  # case: {spec!r}"
+        ) + (f" --fixtures-dir {self.fixtures_dir}" if self.fixtures_dir is not None else "")
+        if case_id is None:
+            return command
+        # The descriptive id follows as a shell comment, for the reader.
+        label = " ".join(case_id.split())
+        label = label if len(label) <= REPLAY_LABEL_CHARS else label[: REPLAY_LABEL_CHARS - 3] + "..."
+        return f"{command} --no-shrink --case {short_case_id(check, case_id)}  # {label}"
+
+    def selects(self, check: str, case_id: str) -> bool:
+        """Whether ``--case`` (if given) names this case, by its full id or its short id."""
+        return self.case is None or self.case in (case_id, short_case_id(check, case_id))
 
 
 def result_from_exception(check: str, case_id: str, replay: str, exc: BaseException, started: float) -> CaseResult:
     """Map an exception raised by a case to its status: the split behind exit codes 1 and 2.
 
     This is the only place that decides it; every check's cases go through ``run_case`` or
-    ``run_property``, which call it.
+    ``run_property``, which call it, and so does the gate for an exception escaping a check.
+    Whose fault an untyped exception is comes from where it was raised (``raised_by_harness``).
     """
     duration = time.perf_counter() - started
     if isinstance(exc, UnsupportedByTorchrec):
         status = "unsupported"
-    elif isinstance(exc, (ParityError, RankFailure)):
-        status = "fail"
-    elif isinstance(exc, HarnessError):
+    elif isinstance(exc, NothingCompared):
+        status = "skip"
+    elif raised_by_harness(exc):
         status = "error"
     else:
-        # An unexpected exception inside the code under test is a failure of that code.
+        # ParityError, RankFailure, and anything raised inside the code under test.
         status = "fail"
-    known = (ParityError, RankFailure, UnsupportedByTorchrec, HarnessError)
+    known = (ParityError, RankFailure, UnsupportedByTorchrec, HarnessError, NothingCompared)
     message = str(exc) if isinstance(exc, known) else "".join(traceback.format_exception(exc)).rstrip()
+    if isinstance(exc, NothingCompared):
+        message = f"{NOTHING_COMPARED}{message}"
+    elif status == "error" and not isinstance(exc, HarnessError):
+        message = f"harness error: an exception raised in paritykit's own code\n{message}"
     return CaseResult(check, case_id, status, replay=replay, message=message, duration_s=duration)
 
 
-def run_case(check: str, case_id: str, replay: str, body: Callable[[], Metrics | None]) -> CaseResult:
-    """Run one fixed case: ``body()`` returns metrics (a pass) or raises (mapped by result_from_exception)."""
+def run_case(check: str, case_id: str, config: GateConfig, body: Callable[[], Metrics | None]) -> CaseResult:
+    """Run one fixed case: ``body()`` returns metrics (a pass) or raises (mapped by result_from_exception).
+
+    A case that ``config.case`` does not select is not run (its result says so; the gate drops it).
+    """
+    replay = config.replay(check, case_id)
+    if not config.selects(check, case_id):
+        return CaseResult(check, case_id, "skip", replay=replay, message=NOT_SELECTED)
     started = time.perf_counter()
     try:
         metrics = body() or {}
@@ -91,17 +121,34 @@ class _Examples:
 
     def run(self, spec: Any) -> None:
         cid = self.case_id(spec)
-        result = run_case(self.check, cid, self.config.replay(self.check, spec), lambda: self.body(spec))
-        if result.status in ("pass", "unsupported"):
+        if not self.config.selects(self.check, cid):
+            return  # generated (so the sequence of cases is the same) but not run
+        # A case seen already is not run again (hypothesis replays the failing one at the end).
+        done = self.results.get(cid) or next((f for f in self.failures if f.case_id == cid), None)
+        result = done or run_case(self.check, cid, self.config, lambda: self.body(spec))
+        if result.status in ("pass", "unsupported", "skip"):
             self.results[cid] = result
             return
-        self.failures.append(result)
+        if done is None:
+            self.failures.append(result)
         raise _ExampleFailed(result.message)
 
     def outcome(self) -> list[CaseResult]:
-        # Hypothesis re-runs the minimal failing example last: report that one as the failure.
-        out = [r for cid, r in self.results.items() if not any(f.case_id == cid for f in self.failures)]
-        return out + self.failures[-1:]
+        """Every example once; a failure is reported as the first failing case (the one ``--case``
+        can replay: shrinking only re-runs variations of it), with the minimal one found by shrinking."""
+        failed_ids = {f.case_id for f in self.failures}
+        out = [r for cid, r in self.results.items() if cid not in failed_ids]
+        if not self.failures:
+            return out
+        first, minimal = self.failures[0], self.failures[-1]
+        if minimal.case_id != first.case_id:
+            shrunk = "\n".join(minimal.message.splitlines()[:MINIMAL_CASE_LINES])
+            first = replace(first, message=f"{first.message}\n--- hypothesis shrank it to a smaller failing case: {minimal.case_id}\n{shrunk}")
+        return out + [first]
+
+
+# How much of the shrunk case's message the report repeats under the reported one.
+MINIMAL_CASE_LINES = 12
 
 
 class _ExampleFailed(Exception):
@@ -109,7 +156,9 @@ class _ExampleFailed(Exception):
 
 
 def _settings(config: GateConfig) -> settings:
-    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if config.shrink else [])
+    # Shrinking needs every example to run: with --case only the selected one runs.
+    shrink = config.shrink and config.case is None
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(
         max_examples=config.examples,
         deadline=None,
@@ -154,8 +203,9 @@ def run_property(
 ) -> list[CaseResult]:
     """Run ``body(spec)`` for ``config.examples`` specs drawn from ``strategy``.
 
-    Every example becomes a CaseResult. On a failure hypothesis shrinks to a minimal spec and
-    the result for that minimal spec is the one reported as failing (with its replay string).
+    Every example becomes a CaseResult. The first failing example is reported as the failure,
+    with the replay command that re-runs it alone (``--case``) and the minimal spec hypothesis
+    shrank it to. Examples that ``config.case`` does not select are drawn but not run.
     ``body`` returns metrics, raises ParityError/RankFailure for a failure and
     UnsupportedByTorchrec when torchrec refuses the configuration. ``explicit`` specs always run
     first (the configurations a check must never skip, e.g. CW shards on ranks [0, 1, 0]).
@@ -172,9 +222,10 @@ def run_property(
         raise
     except BaseException as exc:  # noqa: BLE001 - a failing example was recorded; anything else is ours
         if not examples.failures:
-            # Hypothesis itself gave up (e.g. could not draw examples): the harness failed.
-            gave_up = result_from_exception(check, "<property>", config.replay(check), HarnessError(str(exc)), started)
-            return list(examples.results.values()) + [gave_up]
+            # Outside every case body (drawing or naming cases, or hypothesis giving up): the harness's.
+            text = "".join(traceback.format_exception(exc)).rstrip()
+            error = HarnessError(f"the property could not run its cases (drawing or naming them raised):\n{text}")
+            return list(examples.results.values()) + [result_from_exception(check, "<property>", config.replay(check), error, started)]
     return examples.outcome()
 
 

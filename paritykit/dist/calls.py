@@ -62,8 +62,15 @@ def seed_everything(seed: int) -> None:
 
 
 def rank_error_from(exc: BaseException) -> RankError:
+    """What a rank reports of an exception, decided here while its traceback still exists: a typed
+    paritykit exception keeps its kind; any other is "harness" when paritykit's own code raised it
+    (``paritykit.errors.raised_by_harness``), else "exception" (the code under test: a RankFailure)."""
+    from paritykit.errors import raised_by_harness
+
     kind = next((name for cls, name in _KIND_BY_TYPE if isinstance(exc, cls)), "exception")
     text = "".join(traceback.format_exception(exc)).rstrip()
+    if kind == "exception" and raised_by_harness(exc):
+        return RankError("harness", f"harness error (raised in paritykit's own code): {type(exc).__name__}: {exc}", text)
     return RankError(kind, f"{type(exc).__name__}: {exc}", text)
 
 

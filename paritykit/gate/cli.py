@@ -1,20 +1,25 @@
-"""`paritykit gate | info` (the command-line contract is in DESIGN.md).
+"""`paritykit gate | selftest | fixtures | bench | info` (the command-line contract is in DESIGN.md).
 
 Exit codes of `gate`: 0 every selected check passed; 1 a parity failure (a crashed or hung rank
-included: that is a failure of the code under test); 2 the harness or environment could not run a
-check (unknown or missing check, `--device cuda` without a GPU, bad arguments).
+included: that is a failure of the code under test), or under `--strict` a known-issues file that
+no longer matches what reproduces; 2 the harness or environment could not run a check (unknown or
+missing check, `--device cuda` without a GPU, bad arguments, an exception raised by paritykit's
+own code, missing golden fixtures under `--strict`). docs/gate.md states the rule.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-import time
+import tempfile
+import traceback
+from typing import Iterator
 from pathlib import Path
 
+from paritykit.checks import known_issues
 from paritykit.errors import HarnessError
-from paritykit.gate import known_issues
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.noise import quiet_known_noise
 from paritykit.harness.versions import installed_versions
@@ -24,6 +29,7 @@ EXIT_OK, EXIT_PARITY_FAILURE, EXIT_HARNESS_ERROR = 0, 1, 2
 # The default gate must finish within minutes on a 2-core machine.
 DEFAULT_EXAMPLES = 50
 DEFAULT_WORLD_SIZES = (1, 2)
+HYPOTHESIS_STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,10 +37,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        with hypothesis_storage_outside_cwd():
+            return args.handler(args)
     except HarnessError as exc:
         print(f"paritykit: error: {exc}", file=sys.stderr)
         return EXIT_HARNESS_ERROR
+    except Exception:  # noqa: BLE001 - paritykit's own code failed: a harness error, never torchrec's
+        print(f"paritykit: internal error (a harness error):\n{traceback.format_exc()}", file=sys.stderr)
+        return EXIT_HARNESS_ERROR
+
+
+@contextlib.contextmanager
+def hypothesis_storage_outside_cwd() -> Iterator[None]:
+    """Hypothesis caches unicode tables and mined constants under ./.hypothesis; a gate or a
+    self-test leaves nothing in the directory it is run from. Its ranks inherit the setting.
+    A storage directory the user chose (HYPOTHESIS_STORAGE_DIRECTORY) is kept."""
+    if os.environ.get(HYPOTHESIS_STORAGE_ENV):
+        yield
+        return
+    from hypothesis import configuration
+
+    set_home = getattr(configuration, "set_hypothesis_home_dir", None)
+    with tempfile.TemporaryDirectory(prefix="paritykit-hypothesis-") as scratch:
+        os.environ[HYPOTHESIS_STORAGE_ENV] = scratch
+        if set_home is not None:
+            set_home(scratch)
+        try:
+            yield
+        finally:
+            del os.environ[HYPOTHESIS_STORAGE_ENV]
+            if set_home is not None:
+                set_home(None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--report", type=Path, default=None, metavar="DIR", help="write report.md, report.json, junit.xml here")
     gate.add_argument("--known-issues", type=Path, default=known_issues.DEFAULT_FILE, metavar="FILE")
-    gate.add_argument("--strict", action="store_true", help="fail when a listed known issue no longer reproduces")
+    gate.add_argument("--strict", action="store_true",
+                      help="also fail when the known-issues file does not match what reproduces, or golden fixtures are missing")
     gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
+    gate.add_argument("--case", default=None, metavar="ID", help="run only this case (its short id from a report, or its full id)")
+    gate.add_argument("--compare-to", type=Path, default=None, metavar="REPORT_JSON",
+                      help="compare with an older gate's report.json: new failures, fixed known issues, metrics that moved")
+    gate.add_argument("--fixtures-dir", type=Path, default=None, metavar="DIR", help="golden fixtures to verify (default: those shipped)")
     gate.set_defaults(handler=run_gate)
 
     selftest = sub.add_parser("selftest", help="show which check catches each planted bug, and count false alarms")
@@ -69,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fixtures = sub.add_parser("fixtures", help="record or verify the golden fixtures")
     fixtures.add_argument("action", choices=("record", "verify"))
-    fixtures.add_argument("--dir", type=Path, default=None, help="fixture directory (default: the repository's fixtures/)")
+    fixtures.add_argument("--dir", type=Path, default=None, help="fixture directory (default: the fixtures shipped with paritykit)")
     fixtures.set_defaults(handler=run_fixtures)
 
     info = sub.add_parser("info", help="print versions, device and available backends")
@@ -113,10 +151,15 @@ def environment() -> dict[str, str]:
 
 def run_info(args: argparse.Namespace) -> int:
     from paritykit.checks import available_checks
+    from paritykit.harness.cpu_shim import shim_needed, shim_patches
 
     for key, value in environment().items():
         print(f"{key:<16} {value}")
     print(f"{'checks':<16} {', '.join(available_checks())}")
+    if shim_needed():
+        needed = [p.name for p in shim_patches() if p.needed]
+        print(f"{'cpu stream shim':<16} patches {', '.join(needed) or 'nothing'} (what this torch/torchrec lack on CPU); "
+              "anything else torchrec reaches there is a harness error")
     return EXIT_OK
 
 
@@ -125,7 +168,6 @@ def run_gate(args: argparse.Namespace) -> int:
     from paritykit.checks.runner import GateConfig
     from paritykit.dist import PoolProvider
     from paritykit.gate.gating import run_checks
-    from paritykit.gate.report import Report, render_terminal, write_report
 
     device = resolve_device(args.device)
     config = GateConfig(
@@ -135,19 +177,46 @@ def run_gate(args: argparse.Namespace) -> int:
         seed=args.seed,
         report_dir=args.report,
         shrink=not args.no_shrink,
+        case=args.case,
+        fixtures_dir=args.fixtures_dir,
+        strict=args.strict,
     )
+    old = _old_report(args.compare_to)
+    reporting = _is_reporting_rank()
     with PoolProvider(device=device) as pools:
-        cases, stale = run_checks(args.check or list(CHECK_PACKAGES), config, pools, args.known_issues, progress=True)
+        cases, judgement = run_checks(args.check or list(CHECK_PACKAGES), config, pools, args.known_issues, progress=reporting)
+    return _report_gate(args, cases, judgement, old, reporting)
+
+
+def _old_report(path: Path | None):
+    """The report --compare-to names, read before the run so a bad path fails in seconds."""
+    from paritykit.gate.report import report_from_json
+
+    if path is None:
+        return None
+    try:
+        return report_from_json(Path(path).read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HarnessError(f"--compare-to {path}: cannot read it as a paritykit report.json: {exc}") from exc
+
+
+def _report_gate(args: argparse.Namespace, cases, judgement, old, reporting: bool) -> int:
+    from paritykit.gate import compare
+    from paritykit.gate.report import Report, render_terminal, write_report
+
     report = Report(cases=cases, environment=environment())
-    for issue in stale:
-        report.notes.append(f"known issue no longer reproduces: {issue.check} {issue.case!r}: {issue.reason}")
-    if _is_reporting_rank():
+    report.notes += judgement.notes(installed_versions(), args.known_issues)
+    missing_fixtures = [c for c in cases if c.check == "fixtures" and c.case_id == "<fixtures>"]
+    report.notes += [f"golden fixtures missing (a skip, an error under --strict): {c.message}" for c in missing_fixtures]
+    if old is not None:
+        report.comparison = compare.compare(old.cases, cases, str(args.compare_to), old.environment)
+    if reporting:
         print(render_terminal(report))
         if args.report is not None:
             for path in write_report(report, args.report):
                 print(f"wrote {path}")
     code = report.exit_code()
-    if code == EXIT_OK and args.strict and stale:
+    if code == EXIT_OK and args.strict and judgement.strict_failures:
         return EXIT_PARITY_FAILURE
     return code
 
@@ -183,7 +252,9 @@ def run_fixtures(args: argparse.Namespace) -> int:
 
     directory = args.dir or fixtures.DEFAULT_DIR
     if args.action == "record":
-        print(f"wrote {fixtures.record(directory)}")
+        key = fixtures.stack_key(installed_versions())
+        print(f"wrote {fixtures.record(directory)}: goldens of stack {key}. Goldens pin the numbers every later "
+              "gate is held to: record them only on a stack you trust, never on a release under test.")
         return EXIT_OK
     report = Report(cases=fixtures.verify(directory))
     print(render_terminal(report))

@@ -9,32 +9,67 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from paritykit.checks import run_check
+from paritykit.checks import known_issues, run_check
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig
+from paritykit.checks.runner import GateConfig, result_from_exception
 from paritykit.dist import PoolProvider
-from paritykit.errors import HarnessError, ParityError, RankFailure
-from paritykit.gate import known_issues
+from paritykit.errors import HarnessError
 from paritykit.harness.versions import installed_versions
 
+# Results about a check as a whole, kept whatever --case selects.
+WHOLE_CHECK_IDS = ("<check>", "<property>", "<nothing compared>")
 
-def run_one(name: str, config: GateConfig, pools: PoolProvider, *, progress: bool = False) -> list[CaseResult]:
-    """One check's raw results; an exception escaping the check becomes a single result for it."""
+
+def run_one(name: str, config: GateConfig, pools: Any, *, progress: bool = False) -> list[CaseResult]:
+    """One check's results (the cases ``config.case`` selects); an exception escaping the check
+    becomes a single result for it, mapped by the same rule as a case's."""
     started = time.perf_counter()
     if progress:
         print(f"paritykit gate: {name} ...", file=sys.stderr, flush=True)
     try:
         results = run_check(name, config, pools)
-    except HarnessError as exc:
-        results = [CaseResult(name, "<check>", "error", replay=config.replay(name), message=str(exc))]
-    except (ParityError, RankFailure) as exc:
-        results = [CaseResult(name, "<check>", "fail", replay=config.replay(name), message=str(exc))]
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every outcome becomes a result
+        results = [result_from_exception(name, "<check>", config.replay(name), exc, started)]
+    results = [r for r in results if r.case_id in WHOLE_CHECK_IDS or config.selects(r.check, r.case_id)]
+    results += nothing_compared(name, results, config)
     if progress:
         passed = sum(r.status == "pass" for r in results)
         print(f"paritykit gate: {name} done in {time.perf_counter() - started:.1f}s: {passed}/{len(results)} passed",
               file=sys.stderr, flush=True)
     return results
+
+
+def nothing_compared(name: str, results: list[CaseResult], config: GateConfig) -> list[CaseResult]:
+    """An error when every case of the check that would have passed compared nothing."""
+    empty = [r for r in results if r.compared_nothing]
+    if not empty or any(r.status in ("pass", "fail", "error") for r in results):
+        return []
+    reasons = sorted({r.message for r in empty})
+    message = (f"check {name} compared nothing: all {len(empty)} of its cases that ran were empty "
+               f"({'; '.join(reasons[:3])})")
+    return [CaseResult(name, "<nothing compared>", "error", replay=config.replay(name), message=message)]
+
+
+class LazyPools:
+    """A PoolProvider whose pools start on first use, so a ``--case`` run starts only the pool its case needs."""
+
+    def __init__(self, pools: PoolProvider) -> None:
+        self._pools = pools
+
+    def get(self, world_size: int, backend: str | None = None) -> "_LazyPool":
+        return _LazyPool(self._pools, world_size, backend)
+
+
+class _LazyPool:
+    def __init__(self, pools: PoolProvider, world_size: int, backend: str | None) -> None:
+        self._pools, self.world_size, self._backend = pools, world_size, backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pools.get(self.world_size, self._backend), name)
 
 
 def run_checks(
@@ -44,7 +79,20 @@ def run_checks(
     known_issues_file: Path = known_issues.DEFAULT_FILE,
     *,
     progress: bool = False,
-) -> tuple[list[CaseResult], list[known_issues.KnownIssue]]:
-    """(results with known failures marked, applicable known issues that did not reproduce)."""
-    results = [case for name in names for case in run_one(name, config, pools, progress=progress)]
-    return known_issues.apply(results, known_issues.load(known_issues_file), installed_versions())
+) -> tuple[list[CaseResult], known_issues.Judgement]:
+    """(results with known failures marked, what the known-issues file should say instead).
+
+    The draws follow ``known_issues_file`` too; with ``config.case`` only the selected case runs,
+    and no case matching it is a HarnessError.
+    """
+    issues = known_issues.load(known_issues_file)
+    runnable = LazyPools(pools) if config.case is not None else pools
+    with known_issues.use_file(known_issues_file):
+        results = [case for name in names for case in run_one(name, config, runnable, progress=progress)]
+    if config.case is not None and not results:
+        raise HarnessError(
+            f"no case of {', '.join(names)} has the id {config.case!r} with these arguments (seed, world sizes, "
+            "examples, device): a replay must use the arguments of the run that reported the case"
+        )
+    return_value = known_issues.apply(results, issues, installed_versions(), complete=config.case is None)
+    return return_value.cases, return_value

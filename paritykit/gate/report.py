@@ -1,4 +1,8 @@
-"""A gate run's report and its renderers (terminal, Markdown, JSON, JUnit XML)."""
+"""A gate run's report and its renderers (terminal, Markdown, JSON, JUnit XML).
+
+Failures come first everywhere a person reads (terminal, report.md); JUnit keeps one testcase per
+case; every case carries its short id, the one ``paritykit gate --case`` takes.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +14,36 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from paritykit.checks.results import STATUSES, CaseResult
+from paritykit.gate import compare as comparing
 
 # Bump when a field is renamed or removed; adding a field is backwards compatible.
 JSON_SCHEMA_VERSION = 1
 
 # Statuses that make the gate fail. "error" is the harness's own (exit 2), decided in the CLI.
 FAILING_STATUSES = frozenset({"fail", "error"})
+# The order people read cases in: what needs action first.
+READING_ORDER = ("fail", "error", "known-issue", "skip", "unsupported", "pass")
+# Metrics text per passing case in report.md (the JSON has them all).
+METRICS_CHARS = 160
 
 
 @dataclass
 class Report:
-    """All cases of a gate run, plus the environment they ran in."""
+    """All cases of a gate run, plus the environment they ran in, notes, and a comparison with an older run."""
 
     cases: list[CaseResult] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    comparison: comparing.Comparison | None = None
 
     def extend(self, results: list[CaseResult]) -> None:
         self.cases.extend(results)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, check: str | None = None) -> dict[str, int]:
         counts = {status: 0 for status in STATUSES}
         for case in self.cases:
-            counts[case.status] += 1
+            if check is None or case.check == check:
+                counts[case.status] += 1
         return counts
 
     def checks(self) -> list[str]:
@@ -47,76 +58,123 @@ class Report:
             return 2
         return 0
 
+    def in_reading_order(self) -> list[CaseResult]:
+        return sorted(self.cases, key=lambda c: READING_ORDER.index(c.status))
 
-# ---------------------------------------------------------------- renderers
+
+def verdict(counts: dict[str, int]) -> str:
+    return "FAIL" if counts["fail"] else "ERROR" if counts["error"] else "ok"
+
+
+# ---------------------------------------------------------------- terminal
 
 
 def render_terminal(report: Report) -> str:
-    """A short summary: one line per check, then every non-passing case with its message and replay."""
+    """One line per check, then every non-passing case (failures first) with its message and replay."""
     lines = []
     for check in report.checks():
-        cases = [c for c in report.cases if c.check == check]
-        counts = {s: sum(1 for c in cases if c.status == s) for s in STATUSES}
+        counts = report.counts(check)
         parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        verdict = "FAIL" if counts["fail"] else "ERROR" if counts["error"] else "ok"
-        lines.append(f"{check:<10} {verdict:<5} {parts}")
-    for case in report.cases:
-        if case.status in ("pass",):
+        lines.append(f"{check:<10} {verdict(counts):<5} {parts}")
+    for case in report.in_reading_order():
+        if case.status == "pass":
             continue
         lines.append("")
-        lines.append(f"[{case.status}] {case.check} :: {case.case_id}")
+        lines.append(f"[{case.status}] {case.check} :: {case.case_id}  (case {case.short_id})")
         if case.message:
             lines.extend("    " + line for line in case.message.splitlines())
         if case.replay:
             lines.append(f"    replay: {case.replay}")
     for note in report.notes:
         lines.append(f"note: {note}")
+    if report.comparison is not None:
+        lines.append("")
+        lines.extend(comparing.render_terminal(report.comparison))
     counts = report.counts()
     lines.append("")
     lines.append("total: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) if report.cases else "total: no cases ran")
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- Markdown
+
+
 def render_markdown(report: Report) -> str:
-    out = ["# paritykit gate report", ""]
+    out = ["# paritykit gate report", "", _summary_line(report), ""]
+    out += _summary_table(report)
+    problems = [c for c in report.in_reading_order() if c.status in FAILING_STATUSES]
+    out += [f"## Failures ({len(problems)})", ""] + (_details(problems) if problems else ["none", ""])
+    if report.comparison is not None:
+        out += comparing.render_markdown(report.comparison)
+    if report.notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    others = [c for c in report.in_reading_order() if c.status not in FAILING_STATUSES and c.status != "pass"]
+    if others:
+        out += [f"## Known issues, skips and unsupported configurations ({len(others)})", ""] + _details(others)
+    out += _passing_tables(report)
     if report.environment:
         out += ["## Environment", "", "| item | value |", "| --- | --- |"]
-        out += [f"| {k} | {_md(str(v))} |" for k, v in report.environment.items()]
-        out.append("")
-    out += ["## Summary", "", "| check | pass | fail | error | skip | known-issue | unsupported |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"| {k} | {_md(str(v))} |" for k, v in report.environment.items()] + [""]
+    return "\n".join(out)
+
+
+def _summary_line(report: Report) -> str:
+    counts = report.counts()
+    parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no cases ran"
+    return f"**{verdict(counts)}** (exit code {report.exit_code()}): {parts}."
+
+
+def _summary_table(report: Report) -> list[str]:
+    out = ["## Summary per check", "", "| check | verdict | " + " | ".join(STATUSES) + " | time (s) |",
+           "| --- | --- | " + " | ".join("---" for _ in STATUSES) + " | --- |"]
     for check in report.checks():
-        cases = [c for c in report.cases if c.check == check]
-        out.append(f"| {check} | " + " | ".join(str(sum(1 for c in cases if c.status == s)) for s in STATUSES) + " |")
-    out.append("")
-    out += ["## Cases", "", "| check | case | status | duration (s) | metrics |", "| --- | --- | --- | --- | --- |"]
-    for c in report.cases:
-        metrics = ", ".join(f"{k}={v}" for k, v in c.metrics.items())
-        out.append(f"| {c.check} | {_md(c.case_id)} | {c.status} | {c.duration_s:.3f} | {_md(metrics)} |")
-    problems = [c for c in report.cases if c.status not in ("pass",)]
-    if problems:
-        out += ["", "## Details", ""]
-        for c in problems:
-            out += [f"### [{c.status}] {c.check} :: {_md(c.case_id)}", "", "```", c.message or "(no message)", "```"]
-            if c.replay:
-                out += ["", f"Replay: `{c.replay}`"]
-            out.append("")
-    if report.notes:
-        out += ["## Notes", ""] + [f"- {n}" for n in report.notes]
-    return "\n".join(out) + "\n"
+        counts = report.counts(check)
+        seconds = sum(c.duration_s for c in report.cases if c.check == check)
+        out.append(f"| {check} | {verdict(counts)} | " + " | ".join(str(counts[s]) for s in STATUSES) + f" | {seconds:.1f} |")
+    return out + [""]
+
+
+def _details(cases: list[CaseResult]) -> list[str]:
+    out = []
+    for c in cases:
+        out += [f"### [{c.status}] {c.check} :: `{c.short_id}` {_md(c.case_id)}", "", "```", c.message or "(no message)", "```"]
+        if c.replay:
+            out += ["", f"Replay: `{c.replay}`"]
+        out.append("")
+    return out
+
+
+def _passing_tables(report: Report) -> list[str]:
+    out = []
+    for check in report.checks():
+        passed = [c for c in report.cases if c.check == check and c.status == "pass"]
+        if not passed:
+            continue
+        out += [f"## Passing cases: {check} ({len(passed)})", "", "| case | id | duration (s) | metrics |", "| --- | --- | --- | --- |"]
+        for c in passed:
+            metrics = ", ".join(f"{k}={v}" for k, v in c.metrics.items())
+            metrics = metrics if len(metrics) <= METRICS_CHARS else metrics[: METRICS_CHARS - 3] + "..."
+            out.append(f"| {_md(c.case_id)} | `{c.short_id}` | {c.duration_s:.3f} | {_md(metrics)} |")
+        out.append("")
+    return out
 
 
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# ---------------------------------------------------------------- JSON
+
+
 def to_json_dict(report: Report) -> dict[str, Any]:
-    """The JSON document: {"schema_version", "environment", "summary", "cases": [...], "notes"}."""
+    """The JSON document: {"schema_version", "environment", "summary", "cases": [...], "notes", "comparison"}."""
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "environment": report.environment,
         "summary": {"counts": report.counts(), "exit_code": report.exit_code()},
-        "cases": [dataclasses.asdict(c) for c in report.cases],
+        "cases": [{**dataclasses.asdict(c), "short_id": c.short_id} for c in report.cases],
         "notes": report.notes,
+        "comparison": None if report.comparison is None else report.comparison.to_json(),
     }
 
 
@@ -125,14 +183,19 @@ def render_json(report: Report) -> str:
 
 
 def report_from_json(text: str) -> Report:
+    """The cases, environment and notes of a report.json (the comparison section is not read back)."""
     data = json.loads(text)
     if data.get("schema_version") != JSON_SCHEMA_VERSION:
         raise ValueError(f"report schema_version {data.get('schema_version')!r}, this paritykit reads {JSON_SCHEMA_VERSION}")
+    names = {f.name for f in dataclasses.fields(CaseResult)}
     return Report(
-        cases=[CaseResult(**case) for case in data["cases"]],
+        cases=[CaseResult(**{k: v for k, v in case.items() if k in names}) for case in data["cases"]],
         environment=data.get("environment", {}),
         notes=data.get("notes", []),
     )
+
+
+# ---------------------------------------------------------------- JUnit
 
 
 def render_junit(report: Report) -> str:

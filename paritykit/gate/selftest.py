@@ -3,13 +3,18 @@ stack for false alarms.
 
 The plants live with their checks (``paritykit/checks/<check>/plants.py``) and are found through
 the check registry. A plant is applied in the parent with ``paritykit.harness.plants.applied`` and
-reaches every rank because each call carries the caller's active plants. "Caught" means the check reported
-at least one failing case; an ``error`` (the harness could not run) is neither caught nor missed but
-reported as such, so a broken plant cannot pass for a caught one.
+reaches every rank because each call carries the caller's active plants.
+
+A plant is caught only when its run fails in a way the clean run of the same check, on the same
+stack, configuration and seed, does not: a failing case whose id (or whose failure) the clean run
+does not have. A plant whose failures the clean run has too is "not caught (the clean run fails the
+same way)": a stack that crashes everywhere kills nothing. An ``error`` (the harness could not run)
+is neither caught nor missed but reported as such, so a broken plant cannot pass for a caught one.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -37,20 +42,42 @@ class PlantOutcome:
 class CleanRun:
     check: str
     seed: int
-    false_alarms: list[CaseResult]
-    cases: int
+    results: list[CaseResult]
+
+    @property
+    def false_alarms(self) -> list[CaseResult]:
+        return [r for r in self.results if r.status in ("fail", "error")]
+
+    @property
+    def cases(self) -> int:
+        return len(self.results)
 
 
-def run_plant(name: str, config: GateConfig, pools: PoolProvider) -> PlantOutcome:
+NOT_CAUGHT_SAME_WAY = "not caught (the clean run fails the same way)"
+
+
+def failure_signature(case: CaseResult) -> tuple[str, str]:
+    """(case id, what failed), with the numbers that vary between runs (call ids, pids) left out."""
+    return case.case_id, re.sub(r"\d+", "N", _headline(case))
+
+
+def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanRun | None" = None) -> PlantOutcome:
+    """The plant's run of its check, judged against the clean run of the same check and config
+    (run here when not given)."""
     plant = plants.PLANTS[name]
     check, description = plant.check, plant.description
+    clean = clean or run_clean(check, config, pools)
     started = time.perf_counter()
     with plants.applied([name]):
         results, _ = run_checks([check], config, pools)
+    clean_failures = {failure_signature(r) for r in clean.results if r.status == "fail"}
     failed = [r for r in results if r.status == "fail"]
+    new = [r for r in failed if failure_signature(r) not in clean_failures]
     errors = [r for r in results if r.status == "error"]
-    if failed:
-        verdict, evidence = "caught", _headline(failed[0])
+    if new:
+        verdict, evidence = "caught", _headline(new[0])
+    elif failed:
+        verdict, evidence = NOT_CAUGHT_SAME_WAY, _headline(failed[0])
     elif errors:
         verdict, evidence = "error", errors[0].message.splitlines()[0]
     else:
@@ -67,7 +94,7 @@ def _headline(case: CaseResult) -> str:
 
 def run_clean(check: str, config: GateConfig, pools: PoolProvider) -> CleanRun:
     results, _ = run_checks([check], config, pools)
-    return CleanRun(check, config.seed, [r for r in results if r.status in ("fail", "error")], len(results))
+    return CleanRun(check, config.seed, results)
 
 
 def format_table(outcomes: list[PlantOutcome]) -> str:
@@ -97,21 +124,30 @@ def run_selftest_command(names: list[str] | None, list_only: bool, device: str, 
     unknown = [n for n in names if n not in known]
     if unknown:
         raise HarnessError(f"unknown planted bug(s) {unknown}; `paritykit selftest --list` shows the catalog")
-    outcomes, clean_runs = [], []
+    outcomes: list[PlantOutcome] = []
+    clean_runs: dict[tuple[str, int], CleanRun] = {}
     checks = sorted({known[n].check for n in names})
+
+    def config(seed: int) -> GateConfig:
+        return GateConfig(device=device, world_sizes=(2,), examples=examples, seed=seed, shrink=False)
+
+    def clean(check: str, seed: int) -> CleanRun:
+        if (check, seed) not in clean_runs:
+            clean_runs[(check, seed)] = run_clean(check, config(seed), pools)
+        return clean_runs[(check, seed)]
+
     with PoolProvider(device=device) as pools:
         for name in names:
-            config = GateConfig(device=device, world_sizes=(2,), examples=examples, seed=0, shrink=False)
-            outcomes.append(run_plant(name, config, pools))
+            outcomes.append(run_plant(name, config(0), pools, clean(known[name].check, 0)))
             print(f"paritykit selftest: {name}: {outcomes[-1].verdict}", file=sys.stderr, flush=True)
         for seed in range(clean_seeds):
             for check in checks:
-                config = GateConfig(device=device, world_sizes=(2,), examples=examples, seed=seed, shrink=False)
-                clean_runs.append(run_clean(check, config, pools))
+                clean(check, seed)
     print(format_table(outcomes))
-    false_alarms = [case for run in clean_runs for case in run.false_alarms]
-    print(f"false alarms: {len(false_alarms)} in {sum(r.cases for r in clean_runs)} clean cases "
-          f"({len(clean_runs)} clean runs: checks {', '.join(checks)} x {clean_seeds} seeds)")
+    counted = [run for (_check, seed), run in clean_runs.items() if seed < max(clean_seeds, 1)]
+    false_alarms = [case for run in counted for case in run.false_alarms]
+    print(f"false alarms: {len(false_alarms)} in {sum(r.cases for r in counted)} clean cases "
+          f"({len(counted)} clean runs: checks {', '.join(checks)} x {max(clean_seeds, 1)} seeds)")
     for case in false_alarms:
         print(f"  [{case.status}] {case.check} :: {case.case_id}: {case.message.splitlines()[0] if case.message else ''}")
     missed = [o for o in outcomes if o.verdict != "caught"]

@@ -74,7 +74,7 @@ def case_id(case: MatrixCase) -> str:
 
 
 def _fixed_case(case: str, config: GateConfig, body: Any) -> CaseResult:
-    return run_case(NAME, case, config.replay(NAME, case), body)
+    return run_case(NAME, case, config, body)
 
 
 def _fixed_cases(world_size: int, pool: Any, config: GateConfig) -> list[CaseResult]:

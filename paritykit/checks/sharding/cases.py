@@ -130,6 +130,8 @@ def feature_order(case: ShardingCase) -> tuple[str, ...]:
 
 
 def supported_on_device(device: str, module: str, name: str) -> bool:
-    """False for a (module, sharding type or kernel) pair that fails inside torchrec whatever else the
-    case holds (known_broken.py): other checks keep such pairs out of their draws too."""
-    return (module, name) not in (("ec", "data_parallel"), ("ec", "dense"))
+    """False for a (module, sharding type or kernel) pair a known issue keeps out of the draws on the
+    installed stack (paritykit/checks/known_issues.toml): other checks avoid such pairs too."""
+    from paritykit.checks import known_issues
+
+    return known_issues.kept_out_of_draws(device, module, name) is None

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+from paritykit.checks import known_issues
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.harness.tables import TableSpec
 
@@ -25,6 +26,15 @@ class BrokenCombination:
     why: str
     applies: Callable[[ShardingCase], bool]
     repair: Callable[[ShardingCase], ShardingCase]
+    # How its known-issues entry names it: (device, module, kernel or sharding type) where other checks
+    # draw the same pair, else the rule's own name.
+    draws: tuple[str, str, str] | None = None
+
+    def kept_out(self) -> str | None:
+        """Why the draws avoid this combination on the installed stack (None: its entry says it is fixed)."""
+        if self.draws is not None:
+            return known_issues.kept_out_of_draws(*self.draws)
+        return known_issues.rule_kept_out(self.name)
 
 
 def _rw_mean_mixed(case: ShardingCase) -> bool:
@@ -177,12 +187,14 @@ RULES = (
         "a data-parallel table in a sharded EmbeddingCollection returns pooled rows (its output split fails)",
         _ec_data_parallel,
         lambda case: dataclasses.replace(case, plan={t: (("table_wise", 0) if e[0] == "data_parallel" else e) for t, e in case.plan.items()}),
+        draws=("cpu", "ec", "data_parallel"),
     ),
     BrokenCombination(
         "ec-dense-kernel",
         "a sharded EmbeddingCollection with the dense kernel on CPU fails in its output split (split sizes do not match)",
         _ec_dense,
         lambda case: dataclasses.replace(case, kernel="fused", kernels={t: "fused" for t in case.plan}),
+        draws=("cpu", "ec", "dense"),
     ),
 )
 
@@ -191,9 +203,15 @@ def broken_rules(case: ShardingCase, rules: tuple[BrokenCombination, ...] = RULE
     return [rule for rule in rules if rule.applies(case)]
 
 
-def repair(case: ShardingCase, rules: tuple[BrokenCombination, ...] = RULES) -> ShardingCase:
+def kept_out_rules() -> tuple[BrokenCombination, ...]:
+    """The rules the draws avoid on the installed stack: those whose known issue is not fixed here."""
+    return tuple(rule for rule in RULES if rule.kept_out() is not None)
+
+
+def repair(case: ShardingCase, rules: tuple[BrokenCombination, ...] | None = None) -> ShardingCase:
     """The drawn case changed just enough that no rule applies (one repair can make another rule
-    apply, so repeat until none does)."""
+    apply, so repeat until none does). By default the rules the installed stack keeps out."""
+    rules = kept_out_rules() if rules is None else rules
     for _ in range(len(rules) + 1):
         broken = broken_rules(case, rules)
         if not broken:

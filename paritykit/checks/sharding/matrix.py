@@ -52,7 +52,7 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             continue
         pool, case = pools.get(min(sizes)), known_broken_cases(min(sizes))[rule.name]
         # Every outcome is reported as it is; the gate matches failures against the known issues.
-        known_broken.append(run_case(NAME, f"known-broken {rule.name} {case.case_id()}", config.replay(NAME, case),
+        known_broken.append(run_case(NAME, f"known-broken {rule.name} {case.case_id()}", config,
                                      lambda case=case, pool=pool: run_sharding_case(case, pool)))
     if not examples_per_plan_shape(results) and not any(r.status == "fail" for r in results):
         results.append(CaseResult(NAME, "<no examples>", "error", replay=config.replay(NAME),

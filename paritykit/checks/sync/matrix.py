@@ -24,7 +24,7 @@ def run_budget(budget: SyncBudget, config: GateConfig) -> CaseResult:
         check_budget(record, limit, what=budget.name)
         return {"syncs": record.total, "budget": limit, "by_kind": record.by_kind, "by_site": record.by_site}
 
-    return run_case(NAME, budget.name, f"{config.replay(NAME)}  # case: {budget.name}", body)
+    return run_case(NAME, budget.name, config, body)
 
 
 def run_dist_budget(budget: DistSyncBudget, config: GateConfig, pool: Any) -> CaseResult:
@@ -39,7 +39,7 @@ def run_dist_budget(budget: DistSyncBudget, config: GateConfig, pool: Any) -> Ca
             "by_site_rank0": records_per_rank[0][0].by_site,
         }
 
-    return run_case(NAME, budget.name, f"{config.replay(NAME)}  # case: {budget.name}", body)
+    return run_case(NAME, budget.name, config, body)
 
 
 def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
