@@ -1,18 +1,20 @@
 """pytest plugin (entry point `pytest11`): options, markers, hypothesis profiles and the rank-pool fixtures.
 
 Loaded in every pytest run of an environment where paritykit is installed, so it imports nothing
-heavy at module level, and it changes nothing a suite did not ask for:
+heavy at module level. Beside its options, markers and fixtures it does two things:
 
 - Profiles: ``dev``, ``ci`` and ``release`` are registered for every suite, so any ``@given`` test
   follows ``--hypothesis-profile ci`` or ``PARITYKIT_PROFILE=ci`` (hypothesis' option wins when
   both are given). Without either, the suite's own hypothesis settings stay as they were.
   ``--paritykit-examples N`` sets max_examples for every property that does not set its own.
-- Pools under pytest-xdist: ``-n N`` without ``--dist`` distributes with ``loadgroup``, and every
-  test that uses ``rank_pool``/``rank_pools`` joins one xdist group, so one worker starts each pool
-  size once and keeps it; without that every worker started its own pools (on 2 cores, -n 4 ran a
-  pool suite 3-4 times slower than serial). Tests that share a module- or class-scoped fixture of
-  their own module are grouped by module, so that fixture (a pool a test file makes itself, say) is
-  set up once. A test's own ``xdist_group`` marker wins; an explicit ``--dist`` turns all this off.
+- Pools under pytest-xdist: ``-n N`` without ``--dist`` distributes with ``loadgroup``, every test
+  that uses ``rank_pool``/``rank_pools`` joins one xdist group, so one worker starts each pool size
+  once and keeps it, and tests that share a module- or class-scoped fixture of their own module
+  (a pool a test file makes itself, say) are grouped by module. N is capped at the cores this
+  process may use (``--maxprocesses``): each extra worker imports torch and collects the suite
+  while the pools' ranks already use the cores. Before, every worker started its own pools and
+  ``-n 4`` on 2 cores ran a pool suite 2-4 times slower than serial (bench/bench_xdist_pools.py).
+  A test's own ``xdist_group`` marker wins; an explicit ``--dist`` or ``--maxprocesses`` is kept.
 """
 
 from __future__ import annotations
@@ -50,10 +52,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config):
     # A wrapper runs before every plain implementation, xdist's tryfirst one (which turns a bare
-    # "-n N" into "--dist load") included.
+    # "-n N" into "--dist load" and N into that many workers) included.
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
         config.option.dist = "loadgroup"
+        if not getattr(config.option, "maxprocesses", None):
+            # More workers than cores only add interpreters that import torch and collect the suite,
+            # while the ranks of the pools already keep the cores busy.
+            from paritykit.dist import host_cores
+
+            config.option.maxprocesses = host_cores()
     return (yield)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if getattr(config, "_paritykit_groups_directory", None) is None:
+        return None
+    return (
+        f"paritykit: -n {config.option.numprocesses} runs at most {config.option.maxprocesses} workers; "
+        "tests that use rank pools share one worker (pass --dist to choose otherwise)"
+    )
 
 
 # xdist's loadgroup appends the group to each node id on the worker (item._nodeid), which pytest
@@ -143,9 +160,7 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # tryfirst: xdist's worker reads the xdist_group markers in its own hook of this name.
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_items and _cuda_device_count() == 0:
         for item in gpu_items:
@@ -156,7 +171,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups = {item.nodeid: group for item in items if (group := xdist_group_for(item)) is not None}
     path = Path(directory) / f"{config.workerinput['workerid']}.json"
     path.with_suffix(".tmp").write_text(json.dumps(groups))
-    path.with_suffix(".tmp").rename(path)  # whole, before the worker reports its collection
+    # Written whole before the worker reports its collection, so the scheduler reads it complete.
+    path.with_suffix(".tmp").rename(path)
 
 
 def xdist_group_for(item: pytest.Item) -> str | None:

@@ -1,4 +1,5 @@
-"""get_pool under torchrun: the launcher's ranks behind RankPool's API, on one and on two 'hosts'."""
+"""get_pool under torchrun: the launcher's ranks behind RankPool's API on one and two "hosts", the gate at world
+size 10 over two launchers, and a rank that dies."""
 
 from __future__ import annotations
 

@@ -132,6 +132,14 @@ def test_an_unknown_profile_in_the_environment_is_a_usage_error_naming_it(tmp_pa
     assert "PARITYKIT_PROFILE='nightly' is not a profile" in run.stderr
 
 
+def test_a_bare_n_runs_no_more_workers_than_cores(tmp_path):
+    from paritykit.dist import host_cores
+
+    run = _run_suite(tmp_path, PROPERTY_SUITE, "-v", "-n", str(host_cores() + 2))
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert f"created: {host_cores()}/{host_cores()} workers" in run.stdout
+
+
 def _seen(tmp_path: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(tmp_path.glob("seen-*.json"))]
 
