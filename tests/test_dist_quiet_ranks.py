@@ -1,8 +1,9 @@
 """Ranks of a RankPool know they share one host: torchrec finds LOCAL_WORLD_SIZE and stays quiet.
 
 torchrec's get_local_size() logs "Could not determine LOCAL_WORLD_SIZE" through the root logger
-whenever the variable is missing, once per sharded module and more; ranks of a pool now get
-LOCAL_WORLD_SIZE and LOCAL_RANK as torchrun would set them. The pool runs in a child process so
+whenever the variable is missing: shard() with a plan of torchrec's generators calls it once per
+table on every rank, DistributedModelParallel and the planner once more each. Ranks of a pool now
+get LOCAL_WORLD_SIZE and LOCAL_RANK as torchrun would set them. The pool runs in a child process so
 that the ranks' stderr (inherited) can be read whole.
 """
 
@@ -22,31 +23,38 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from paritykit.dist import RankPool
 
-    def local_topology_and_sharded_forward():
+    def planned_shard_and_forward():
+        # A plan of torchrec's own per-table generators, as downstream suites give it: shard()
+        # calls each generator with get_local_size(), once per table on every rank.
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+        from torchrec.distributed.shard import shard
+        from torchrec.distributed.sharding_plan import row_wise, table_wise
+        from torchrec.distributed.types import ShardingEnv
+
+        tables = [EmbeddingBagConfig(name=f"t{{i}}", embedding_dim=4, num_embeddings=8, feature_names=[f"f{{i}}"]) for i in range(2)]
+        ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        plan = {{"t0": table_wise(rank=0), "t1": row_wise()}}
+        sharded = shard(ebc, plan, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"))
+        batch = KeyedJaggedTensor.from_lengths_sync(["f0", "f1"], torch.tensor([1, 2, 3, 4]), torch.tensor([2, 1, 1, 0]))
+        return list(sharded(batch).wait().values().shape)
+
+    def topology_seen_by_torchrec():
         from torchrec.distributed.comm import get_local_rank, get_local_size
-        from paritykit.harness.sharded import shard_module
-        from paritykit.harness.tables import TableSpec, build_ebc, kjt_from_rows
 
-        tables = (TableSpec("t0", 8, 4, ("f0",)), TableSpec("t1", 8, 4, ("f1",)))
-        ebc = shard_module(build_ebc(tables, seed=0), {{"t0": ("table_wise", 0), "t1": ("row_wise",)}})
-        rows = {{"f0": [[1, 2], [3]], "f1": [[4], []]}}
-        pooled = ebc(kjt_from_rows(("f0", "f1"), rows)).wait()
-        return get_local_size(), get_local_rank(), os.environ["LOCAL_WORLD_SIZE"], list(pooled.values().shape)
+        return get_local_size(), get_local_rank(), os.environ["LOCAL_WORLD_SIZE"], planned_shard_and_forward()
 
-    def local_size_without_the_variable():
-        from torchrec.distributed.comm import get_local_size
-
+    def planned_shard_without_the_variable():
         del os.environ["LOCAL_WORLD_SIZE"]
         try:
-            return get_local_size()
+            return planned_shard_and_forward()
         finally:
             os.environ["LOCAL_WORLD_SIZE"] = str(dist.get_world_size())
 
     if __name__ == "__main__":
         with RankPool(2) as pool:
-            print(json.dumps(pool.run(local_topology_and_sharded_forward)), flush=True)
+            print(json.dumps(pool.run(topology_seen_by_torchrec)), flush=True)
             print({CONTROL_MARK!r}, file=sys.stderr, flush=True)
-            print(json.dumps(pool.run(local_size_without_the_variable)), flush=True)
+            print(json.dumps(pool.run(planned_shard_without_the_variable)), flush=True)
     """
 )
 
@@ -60,7 +68,7 @@ def test_pool_ranks_report_one_host_to_torchrec_and_print_no_local_world_size_wa
     assert sharded == '[[2, 0, "2", [2, 8]], [2, 1, "2", [2, 8]]]'
     before_control, after_control = run.stderr.split(CONTROL_MARK)
     assert WARNING not in before_control
-    # The negative control: the same torchrec call without the variable does print the line (once
-    # per rank), so its absence above is the fix, not a silenced logger.
-    assert after_control.count(WARNING) == 2
-    assert control == "[2, 2]"
+    # The negative control: the same torchrec path without the variable does print the line on
+    # every rank, so its absence above is the fix, not a silenced logger.
+    assert after_control.count(WARNING) == 2 * 2  # two tables, two ranks
+    assert control == "[[2, 8], [2, 8]]"
