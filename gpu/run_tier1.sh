@@ -6,16 +6,11 @@
 # Every step runs; the exit code is the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source /tmp/paritykit-env-tier1.sh
-RESULTS="${1:-${OUT:-/tmp/paritykit-gpu-results}}"
-mkdir -p "$RESULTS"
-PY="${PYTHON:-python3}"
-failed=0
-step() { echo "== $*"; "$@" || { echo "== FAILED ($?): $*"; failed=$((failed + 1)); }; }
+source gpu/steps.sh 1 "${1:-}"
 step "$PY" -m paritykit info
 step "$PY" gpu/sync_table.py --left cpu --right cuda --markdown "$RESULTS/sync-table.md"
 step "$PY" gpu/eager_td_kjt.py --device cuda --examples 200
 step "$PY" -m paritykit gate --check sync --check td-kjt --device cuda --world-size 1 --report "$RESULTS/gate-tier1"
-step "$PY" -m pytest -q -p no:cacheprovider -p paritykit.plugin --paritykit-device cuda -m gpu tests/
+step "$PY" -m pytest -q -p no:cacheprovider "${PLUGIN[@]}" --paritykit-device cuda -m gpu tests/
 echo "== tier 1: $failed step(s) failed"
 exit "$failed"

@@ -6,19 +6,14 @@
 #   gpu/run_tier2.sh [RESULTS]        default RESULTS: $OUT if set, else /tmp/paritykit-gpu-results
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source /tmp/paritykit-env-tier2.sh
-RESULTS="${1:-${OUT:-/tmp/paritykit-gpu-results}}"
-mkdir -p "$RESULTS"
-PY="${PYTHON:-python3}"
+source gpu/steps.sh 2 "${1:-}"
 GPUS="$("$PY" -c 'import torch; print(torch.cuda.device_count())')"
-failed=0
-step() { echo "== $*"; "$@" || { echo "== FAILED ($?): $*"; failed=$((failed + 1)); }; }
 step "$PY" -m paritykit info
 step "$PY" gpu/sync_table.py --left cpu --right cuda --markdown "$RESULTS/sync-table-tier2.md"
 checks=(--check td-kjt --check pipeline --check sync --check fixtures)
 sizes=1
 if [ "$GPUS" -ge 2 ]; then checks+=(--check cw-stitch); sizes=1,2; fi
 step "$PY" -m paritykit gate "${checks[@]}" --device cuda --world-size "$sizes" --report "$RESULTS/gate-tier2"
-step "$PY" -m pytest -q -p no:cacheprovider -p paritykit.plugin --paritykit-device cuda -m gpu tests/
+step "$PY" -m pytest -q -p no:cacheprovider "${PLUGIN[@]}" --paritykit-device cuda -m gpu tests/
 echo "== tier 2: $failed step(s) failed"
 exit "$failed"
