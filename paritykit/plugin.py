@@ -12,9 +12,10 @@ heavy at module level. Beside its options, markers and fixtures it does two thin
   once and keeps it, and tests that share a module- or class-scoped fixture of their own module
   (a pool a test file makes itself, say) are grouped by module. N is capped at the cores this
   process may use (``--maxprocesses``): each extra worker imports torch and collects the suite
-  while the pools' ranks already use the cores. Before, every worker started its own pools and
-  ``-n 4`` on 2 cores ran a pool suite 2-4 times slower than serial (bench/bench_xdist_pools.py).
-  A test's own ``xdist_group`` marker wins; an explicit ``--dist`` or ``--maxprocesses`` is kept.
+  while the pools' ranks already use the cores. Before, every worker started its own pools, and
+  ``-n 4`` on 2 cores took 1.8-3.3 times the serial wall time (bench/bench_xdist_pools.py).
+  A test's own ``xdist_group`` marker wins; ``--dist loadgroup`` gets the same grouping (without
+  the cap); any other ``--dist``, and an explicit ``--maxprocesses``, is kept as given.
 """
 
 from __future__ import annotations
