@@ -1,13 +1,17 @@
-"""get_pool under torchrun: the launcher's ranks behind RankPool's API, on one and on two 'hosts'."""
+"""get_pool under torchrun: the launcher's ranks behind RankPool's API on one and two "hosts", the gate at world
+size 10 over two launchers, and a rank that dies."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,10 @@ import torch
 
 from paritykit.dist import LauncherGroup, RankPool, get_pool, launched_by_torchrun
 from paritykit.errors import HarnessError
+from test_dist_cleanup import TAG_VARIABLE, wait_until_gone
 
-LAUNCH_TIMEOUT_S = 180
+# A bound on a hung launch only (the launches here take seconds to minutes on 2 cores).
+LAUNCH_TIMEOUT_S = 600
 
 # Run by every rank of the launch. Rank 0 writes what the checks under test would report.
 RANK_SCRIPT = textwrap.dedent(
@@ -91,18 +97,21 @@ def _tail(path: Path, chars: int = 4000) -> str:
     return path.read_text(errors="replace")[-chars:]
 
 
-def _run(commands: list[list[str]], tmp_path: Path) -> None:
-    """Run the launchers side by side; their output goes to files so it survives a timeout."""
+def _launch(commands: list[list[str]], tmp_path: Path, tag: str = "") -> tuple[list[int], list[Path], float]:
+    """Run the launchers side by side; their output goes to files so it survives a timeout.
+
+    Returns each launcher's exit code, its log and the seconds until the last one exited.
+    """
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **({TAG_VARIABLE: tag} if tag else {}))
     logs = [tmp_path / f"launcher{index}.log" for index in range(len(commands))]
     processes = []
+    started = time.monotonic()
     try:
         for command, log in zip(commands, logs):
             with open(log, "w") as out:
                 processes.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        deadline = started + LAUNCH_TIMEOUT_S
         for process in processes:
             try:
                 process.wait(timeout=max(deadline - time.monotonic(), 0.1))
@@ -114,8 +123,29 @@ def _run(commands: list[list[str]], tmp_path: Path) -> None:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    for index, (process, log) in enumerate(zip(processes, logs)):
-        assert process.returncode == 0, f"launcher {index} exited {process.returncode}\n{_tail(log)}"
+    return [process.returncode for process in processes], logs, time.monotonic() - started
+
+
+def _run(commands: list[list[str]], tmp_path: Path) -> None:
+    codes, logs, _ = _launch(commands, tmp_path)
+    for index, (code, log) in enumerate(zip(codes, logs)):
+        assert code == 0, f"launcher {index} exited {code}\n{_tail(log)}"
+
+
+def _free_local_port() -> int:
+    # Static rendezvous: launcher 0 opens the store on this port itself, so it cannot be held here.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _two_static_launchers(ranks_per_launcher: int, *program: str) -> list[list[str]]:
+    """Two torchrun launchers on localhost standing in for two hosts (static rendezvous on 127.0.0.1)."""
+    common = [
+        "--nnodes", "2", "--nproc-per-node", str(ranks_per_launcher),
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_local_port()),
+    ]
+    return [_torchrun(*common, "--node-rank", str(node), *program) for node in (0, 1)]
 
 
 @pytest.mark.slow
@@ -166,3 +196,93 @@ def test_launcher_group_outside_torchrun_names_the_missing_variables(monkeypatch
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(HarnessError, match=r"missing environment variables \['WORLD_SIZE', 'LOCAL_RANK'\]"):
         LauncherGroup()
+
+
+@pytest.mark.slow
+def test_gate_on_two_launchers_of_five_ranks_passes_td_kjt_at_world_size_10(tmp_path):
+    program = ["-m", "paritykit", "gate", "--check", "td-kjt", "--device", "cpu", "--world-size", "10",
+               "--examples", "2", "--report", "out"]
+    _run(_two_static_launchers(5, *program), tmp_path)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    sharded = [case for case in report["cases"] if case["case_id"].startswith("ws10 ")]
+    assert sharded, [case["case_id"] for case in report["cases"]]
+    assert {case["status"] for case in sharded} == {"pass"}
+    assert {case["metrics"]["world_size"] for case in sharded} == {10}
+    assert report["summary"]["exit_code"] == 0
+
+
+# Run by each of 4 ranks (2 launchers x 2): rank 3 dies (SIGKILL inside a call, or an exception
+# outside any call); rank 0 writes what the survivors saw.
+DYING_RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import torch
+    import torch.distributed as dist
+    from paritykit.dist import get_pool
+    from paritykit.errors import RankFailure
+
+    DOOMED = 3
+
+    def all_ranks_sum():
+        value = torch.tensor([1.0])
+        dist.all_reduce(value)
+        return value.item()
+
+    def doomed_rank_is_killed_while_the_others_wait():
+        if dist.get_rank() == DOOMED:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+        return "survived"
+
+    pool = get_pool(int(os.environ["WORLD_SIZE"]), device="cpu")
+    healthy = pool.run(all_ranks_sum)
+    if sys.argv[2] == "raise" and pool.rank == DOOMED:
+        raise ValueError("rank 3 fails outside any call")
+    outcome = {"healthy": healthy}
+    started = time.monotonic()
+    try:
+        pool.run(doomed_rank_is_killed_while_the_others_wait if sys.argv[2] == "signal" else all_ranks_sum)
+    except RankFailure as exc:
+        outcome.update(failure=str(exc), seconds=time.monotonic() - started)
+    try:
+        pool.run(all_ranks_sum)
+    except RankFailure as exc:
+        outcome["next_call"] = str(exc)
+    if pool.is_reporting_rank:
+        with open(sys.argv[1], "w") as out:
+            json.dump(outcome, out)
+    sys.exit(1 if "failure" in outcome else 0)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists processes through /proc (Linux only)")
+@pytest.mark.parametrize("death", ["signal", "raise"])
+def test_a_rank_that_dies_under_torchrun_is_reported_promptly_and_leaves_no_process(tmp_path, death):
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_RANK_SCRIPT)
+    report_path = tmp_path / "report.json"
+    tag = uuid.uuid4().hex
+    codes, logs, _ = _launch(_two_static_launchers(2, str(script), str(report_path), death), tmp_path, tag)
+    survivors_log, doomed_host_log = (log.read_text(errors="replace") for log in logs)
+    assert codes[0] != 0 and codes[1] != 0, (codes, survivors_log[-3000:], doomed_host_log[-3000:])
+    report = json.loads(report_path.read_text())
+    assert report["healthy"] == [4.0] * 4
+    # Rank 0 names the ranks that are gone (3, and 2 when its launcher already stopped it), long
+    # before the process group's 600 s timeout, and refuses the next call at once.
+    lost = re.match(r"the launch lost ranks (\[[\d, ]+\]) during call #2 ", report["failure"])
+    assert lost, report["failure"]
+    assert 3 in json.loads(lost[1]) and set(json.loads(lost[1])) <= {2, 3}
+    assert "rank 3 is gone (pid " in report["failure"]
+    assert report["seconds"] < 300
+    assert report["next_call"].startswith("not run: call #3 ")
+    assert f"the launch lost ranks {lost[1]}" in report["next_call"]
+    # The launcher on the dead rank's host reports it with its signal, or its traceback.
+    assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", doomed_host_log), doomed_host_log[-3000:]
+    if death == "signal":
+        assert "Signal 9 (SIGKILL) received by PID" in doomed_host_log
+    else:
+        summary = doomed_host_log[doomed_host_log.index("Root Cause"):]
+        assert "ValueError: rank 3 fails outside any call" in summary
+    assert wait_until_gone(tag) == []

@@ -166,12 +166,6 @@ def test_unpicklable_function_is_refused_with_its_name(pool):
     assert pool.run(all_reduce_rank_plus, 0) == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("world_size", [0, 5, 2.0, True])
-def test_world_size_outside_1_to_4_is_refused(world_size):
-    with pytest.raises(HarnessError, match="world_size must be an int from 1 to 4"):
-        RankPool(world_size)
-
-
 def test_cuda_pool_without_enough_gpus_is_refused():
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2 GPUs; the refusal cannot happen")

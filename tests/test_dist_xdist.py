@@ -52,7 +52,8 @@ def test_four_pools_under_pytest_n_4(tmp_path):
     tag = uuid.uuid4().hex
     (tmp_path / "test_concurrent.py").write_text(CONCURRENT_TESTS)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", "test_concurrent.py"],
+        # An explicit --dist keeps four workers (a bare -n is capped at the cores by the plugin).
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", "--dist", "load", "test_concurrent.py"],
         cwd=tmp_path, env=tagged_environment(tag), capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

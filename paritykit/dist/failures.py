@@ -23,10 +23,11 @@ class RankOutcome:
     """What one rank did during a failed call."""
 
     rank: int
-    state: str  # returned | raised | killed | exited | running
+    state: str  # returned | raised | killed | exited | running; under torchrun also gone | alive | unknown
     error: RankError | None = None
     exitcode: int | None = None
     stack: str = ""
+    where: str = ""  # under torchrun: "pid P on HOST"
 
     def summary(self) -> str:
         if self.state == "raised" and self.error is not None:
@@ -37,6 +38,12 @@ class RankOutcome:
             return f"rank {self.rank} exited with code {self.exitcode}"
         if self.state == "running":
             return f"rank {self.rank} was still running"
+        if self.state == "gone":
+            return f"rank {self.rank} is gone ({self.where}): its process no longer exists"
+        if self.state == "alive":
+            return f"rank {self.rank} is alive ({self.where})"
+        if self.state == "unknown":
+            return f"rank {self.rank} runs on another host ({self.where})"
         return f"rank {self.rank} returned normally"
 
 
@@ -44,7 +51,7 @@ class RankOutcome:
 class FailedCall:
     """A call that did not return on every rank. ``primary`` is the rank whose failure came first."""
 
-    kind: str  # exception | signal | exit | hang
+    kind: str  # exception | signal | exit | hang | lost (under torchrun: a peer's connection broke)
     call_description: str
     replay: str
     outcomes: list[RankOutcome]
@@ -57,6 +64,11 @@ class FailedCall:
         if self.kind == "hang":
             running = [o.rank for o in self.outcomes if o.state == "running"]
             return f"ranks {running} did not finish within {self.timeout_s:g} s ({self.call_description})"
+        if self.kind == "lost":
+            # Which gone rank died first cannot be told from a peer: name them all.
+            gone = [o.rank for o in self.outcomes if o.state == "gone"]
+            lost = f"ranks {gone}" if gone else "a rank (its connection broke)"
+            return f"the launch lost {lost} during {self.call_description}"
         return f"{self.outcomes[self.primary].summary()} during {self.call_description}"
 
     def message(self) -> str:

@@ -4,8 +4,11 @@ Under torchrun every rank runs the whole check script, so ``run(fn, ...)`` runs 
 on each rank and gathers every rank's pickled result with ``all_gather``: each rank gets the
 same list, in rank order, and control flow stays identical on all ranks (a failure on one rank
 raises on every rank). Reports should be written by the rank where ``is_reporting_rank`` is true.
-Crashes and hangs are the launcher's to handle: torchrun tears the launch down when a rank dies,
-and collectives give up after ``timeout``.
+A rank that dies makes every peer's next gather fail: the peers raise a RankFailure naming the
+ranks gone from their host (the launcher on the dead rank's host reports its signal or exit code),
+refuse every later call at once, and so finish promptly instead of waiting out ``timeout``.
+An exception that escapes a rank's script is written where torchrun looks for it
+(TORCHELASTIC_ERROR_FILE), so the launcher's failure summary carries its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import atexit
 import itertools
 import os
 import pickle
+import sys
 import time
 import weakref
 from datetime import timedelta
@@ -22,21 +26,29 @@ from typing import Any, Callable
 from paritykit.dist.calls import DEFAULT_SEED, Call, RunShortcuts, dumps_with_cpu_tensors, execute, rank_error_from
 from paritykit.dist.failures import FailedCall, RankOutcome
 from paritykit.dist.messages import Raised, Returned
-from paritykit.errors import HarnessError
-from paritykit.harness.devices import default_backend, resolve_device
+from paritykit.dist.peers import Peer, gone_on_this_host, other_hosts, this_process
+from paritykit.errors import HarnessError, RankFailure
+from paritykit.harness.devices import bind_rank, collective_device, default_backend, resolve_device
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# A killed rank's connections close while its process is still exiting: how long a peer that saw
+# the connection break waits for that process to be gone before it reports.
+PEER_EXIT_GRACE_S = 5.0
 
 
 def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in LAUNCHER_VARIABLES)
 
 
+def is_reporting_process() -> bool:
+    """Whether this process prints and writes reports: always outside torchrun, only rank 0 under it."""
+    return not launched_by_torchrun() or os.environ.get("RANK") == "0"
+
+
 class LauncherGroup(RunShortcuts):
     """The launcher's process group, used like a RankPool. Create through ``get_pool``."""
 
     def __init__(self, backend: str | None = None, device: str | None = None, timeout: float = 600.0, *, seed: int = DEFAULT_SEED) -> None:
-        import torch
         import torch.distributed as dist
 
         if not launched_by_torchrun():
@@ -45,22 +57,20 @@ class LauncherGroup(RunShortcuts):
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
-        self.device = resolve_device(device)
+        ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.device = resolve_device(device, ranks_per_host=ranks_on_host)
         self.backend = backend or default_backend(self.device)
         self.timeout = float(timeout)
         self.seed = seed
         self.is_reporting_rank = self.rank == 0
         self._call_ids = itertools.count(1)
-        if self.device == "cuda":
-            if torch.cuda.device_count() <= self.local_rank:
-                raise HarnessError(
-                    f"rank {self.rank} has LOCAL_RANK {self.local_rank} but this host has "
-                    f"{torch.cuda.device_count()} GPUs"
-                )
-            torch.cuda.set_device(self.local_rank)
+        self._lost: str | None = None
+        _report_uncaught_exceptions_to_the_launcher()
+        bind_rank(self.device, self.local_rank, ranks_on_host)
         if not dist.is_initialized():
             dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.timeout))
             atexit.register(_destroy_process_group)
+        self.peers: list[Peer] = [pickle.loads(data) for data in self._all_gather_bytes(pickle.dumps(this_process(self.rank)))]
 
     def call(
         self,
@@ -75,6 +85,8 @@ class LauncherGroup(RunShortcuts):
     ) -> list[Any]:
         """Same meaning as RankPool.call; ``timeout`` is the process group's, fixed at launch."""
         call = Call(next(self._call_ids), fn, tuple(args), dict(kwargs or {}), self.seed if seed is None else seed, case)
+        if self._lost is not None:
+            raise RankFailure(f"not run: {call.describe()}; the launch lost a rank earlier: {self._lost}")
         try:
             reply: Returned | Raised = Returned(call.call_id, execute(call), (0, 0))
         except BaseException as exc:  # noqa: BLE001 - every rank must reach the gather below
@@ -83,7 +95,11 @@ class LauncherGroup(RunShortcuts):
             payload = dumps_with_cpu_tensors(reply)
         except Exception as exc:  # noqa: BLE001
             payload = pickle.dumps(Raised(call.call_id, rank_error_from(exc), None))
-        replies = [pickle.loads(data) for data in self._all_gather_bytes(payload)]
+        try:
+            gathered = self._all_gather_bytes(payload)
+        except RuntimeError as exc:  # torch.distributed.DistBackendError and gloo's own errors
+            raise self._lost_a_rank(call, exc, replay) from exc
+        replies = [pickle.loads(data) for data in gathered]
         if all(isinstance(r, Returned) for r in replies):
             return [r.result for r in replies]
         outcomes = [
@@ -93,6 +109,27 @@ class LauncherGroup(RunShortcuts):
         primary = next(o.rank for o in outcomes if o.state == "raised")
         replay = replay or f"torchrun ... (rank {self.rank} of {self.world_size}) .call({call.describe()})"
         raise FailedCall("exception", call.describe(), replay, outcomes, primary, self.timeout).to_exception()
+
+    def _lost_a_rank(self, call: Call, exc: BaseException, replay: str | None) -> Exception:
+        """The gather of ``call`` broke: a peer is gone. Name the ones gone from this host; refuse later calls."""
+        gone = gone_on_this_host(self.peers, wait_s=PEER_EXIT_GRACE_S)
+        here = this_process(self.rank).host
+        outcomes = [
+            RankOutcome(peer.rank, "gone" if peer in gone else "alive" if peer.host == here else "unknown", where=peer.where())
+            for peer in self.peers
+        ]
+        outcomes[self.rank] = RankOutcome(self.rank, "raised", error=rank_error_from(exc), where=self.peers[self.rank].where())
+        elsewhere = other_hosts(self.peers)
+        note = "the launcher on the host of a gone rank reports its exit code or signal"
+        if not gone:
+            hosts = f": look at the launchers on {', '.join(elsewhere)}" if elsewhere else ""
+            note = f"no rank on this host is gone within {PEER_EXIT_GRACE_S:g} s of the broken connection{hosts}"
+        failure = FailedCall(
+            "lost", call.describe(), replay or f"torchrun ... .call({call.describe()})", outcomes, None, self.timeout,
+            pool_note=note,
+        )
+        self._lost = failure.headline()
+        return failure.to_exception()
 
     def _all_gather_bytes(self, payload: bytes) -> list[bytes]:
         """Every rank's ``payload``, in rank order; returns once the backend has let go of the tensors.
@@ -108,7 +145,7 @@ class LauncherGroup(RunShortcuts):
         import torch
         import torch.distributed as dist
 
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        device = collective_device(self.backend)
         size = torch.tensor([len(payload)], dtype=torch.long, device=device)
         sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
         dist.all_gather(sizes, size)
@@ -142,6 +179,29 @@ class LauncherGroup(RunShortcuts):
 
     def __repr__(self) -> str:
         return f"LauncherGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+
+
+def _report_uncaught_exceptions_to_the_launcher() -> None:
+    """Chain an excepthook that records an escaping exception in torchrun's error file (the same
+    as torch.distributed.elastic's @record), so the launcher's summary shows the traceback."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or getattr(sys.excepthook, "_paritykit", False):
+        return
+    previous = sys.excepthook
+
+    def record_then_print(exc_type, exc, tb):  # noqa: ANN001 - sys.excepthook's signature
+        try:
+            raise exc.with_traceback(tb)  # record_exception formats the exception being handled
+        except BaseException:  # noqa: BLE001
+            try:
+                from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+                ErrorHandler().record_exception(exc)
+            except Exception:  # noqa: BLE001 - the traceback still goes to stderr below
+                pass
+        previous(exc_type, exc, tb)
+
+    record_then_print._paritykit = True  # type: ignore[attr-defined]
+    sys.excepthook = record_then_print
 
 
 def _destroy_process_group() -> None:

@@ -37,6 +37,7 @@ class CallRequest:
 class Ready:
     pid: int
     startup_s: float
+    peak_rss_bytes: int = 0
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Returned:
     call_id: int
     result: Any
     dist_state: tuple[int, int]
+    # The rank's peak resident memory so far: what the pool's capacity estimate learns from.
+    peak_rss_bytes: int = 0
 
 
 @dataclass
@@ -56,3 +59,4 @@ class Raised:
     call_id: int
     error: RankError
     dist_state: tuple[int, int] | None
+    peak_rss_bytes: int = 0

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from paritykit.dist import worker
 from paritykit.dist.calls import DEFAULT_SEED, Call, RunShortcuts, function_name
+from paritykit.dist.capacity import ensure_host_holds, record_rank_memory
 from paritykit.dist.failures import FailedCall, RankOutcome
 from paritykit.dist.messages import CallRequest, InitError, Raised, RankError, Returned
 from paritykit.dist.ranks import Rank, death_signal_allowed, start_ranks, stop_ranks, take_stacks
@@ -28,7 +29,6 @@ from paritykit.dist.rendezvous import PoolDirectory
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import default_backend, resolve_device
 
-MAX_WORLD_SIZE = 4
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torchrec")
 # How long the other ranks get to finish after one rank failed, before their stacks are taken and
@@ -47,7 +47,16 @@ class RankPool(RunShortcuts):
     random/numpy/torch on every rank with ``seed`` first. ``pool.call(...)`` is the general form
     (seed, case label, timeout, replay string). Planted bugs active in the caller are applied on
     every rank. Tensors in results come back as CPU tensors.
+
+    Any world size this host can hold is accepted: the ranks' memory (an estimate per rank times
+    ``world_size`` against the available memory), open files, and on CUDA one GPU per rank
+    (``paritykit.dist.capacity`` says how each is measured). A size that does not fit is refused
+    with a HarnessError giving those numbers before any rank starts. Cores are shared, not a bound.
+    Every rank is told it is on one host (LOCAL_WORLD_SIZE = ``world_size``, LOCAL_RANK = its rank).
     """
+
+    # Only one process owns a local pool, so it is the one that reports (see LauncherGroup).
+    is_reporting_rank = True
 
     def __init__(
         self,
@@ -61,12 +70,13 @@ class RankPool(RunShortcuts):
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         failure_grace_s: float = DEFAULT_FAILURE_GRACE_S,
     ) -> None:
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-            raise HarnessError(f"RankPool world_size must be an int from 1 to {MAX_WORLD_SIZE}, got {world_size!r}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise HarnessError(f"RankPool world_size must be a positive int, got {world_size!r}")
         if timeout <= 0:
             raise HarnessError(f"RankPool timeout must be positive, got {timeout!r}")
         self.world_size = world_size
         self.device = resolve_device(device, ranks_per_host=world_size)
+        ensure_host_holds(world_size, self.device)
         self.backend = backend or default_backend(self.device)
         self.timeout = float(timeout)
         self.seed = seed
@@ -173,7 +183,6 @@ class RankPool(RunShortcuts):
             arm_death_signal=death_signal_allowed(),
             preload=self.preload,
             timeout_s=self.timeout,
-            num_threads=max(1, (os.cpu_count() or 1) // self.world_size),
         )
 
     def _start(self) -> None:
@@ -208,6 +217,7 @@ class RankPool(RunShortcuts):
                     self._fail_start(_died_while_starting(rank))
                 if isinstance(reply, InitError):
                     self._fail_start(f"rank {rank.rank} could not join the process group: {reply.error.traceback}")
+                record_rank_memory(reply.peak_rss_bytes)
         self._ready = True
         self.startup_s = time.perf_counter() - self._started_at
 
@@ -296,6 +306,7 @@ class _Collector:
             outcome.state, outcome.exitcode = ("killed" if (code or 0) < 0 else "exited"), code
             outcome.stack = rank.read_new_stack()
         elif isinstance(reply, Returned):
+            record_rank_memory(reply.peak_rss_bytes)
             self.results[rank.rank] = reply.result
             outcome.state = "returned"
             self.dist_states[rank.rank] = reply.dist_state

@@ -12,6 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from paritykit.dist.peers import process_alive
+
 
 PREFIX = "paritykit-pool-"
 
@@ -41,15 +43,5 @@ class PoolDirectory:
 def remove_directories_of_dead_owners() -> None:
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
         owner = path.name[len(PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not process_alive(int(owner)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True

@@ -16,7 +16,9 @@ from multiprocessing.connection import Connection
 
 from paritykit.dist import lifeline as lifeline_mod
 from paritykit.dist.calls import add_to_sys_path, dumps_with_cpu_tensors, execute, rank_error_from
+from paritykit.dist.capacity import peak_resident_bytes
 from paritykit.dist.messages import STOP, CallRequest, InitError, Raised, Ready, Returned
+from paritykit.harness.devices import bind_rank
 from paritykit.harness.noise import quiet_known_noise
 
 # Sent by the parent to ask a rank for the Python stacks of all its threads.
@@ -35,7 +37,6 @@ class WorkerSpec:
     arm_death_signal: bool
     preload: tuple[str, ...]
     timeout_s: float
-    num_threads: int
 
 
 def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
@@ -57,24 +58,31 @@ def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     except BaseException as exc:  # noqa: BLE001 - any failure to start is reported, not raised
         conn.send_bytes(pickle.dumps(InitError(rank_error_from(exc))))
         return
-    conn.send_bytes(pickle.dumps(Ready(os.getpid(), time.perf_counter() - started)))
+    conn.send_bytes(pickle.dumps(Ready(os.getpid(), time.perf_counter() - started, peak_resident_bytes())))
     _serve(conn)
     _shutdown()
 
 
+def announce_one_host(rank: int, world_size: int) -> None:
+    """Tell torchrec what torchrun would: every rank of a pool is on this host.
+
+    torchrec reads LOCAL_WORLD_SIZE and LOCAL_RANK (torchrec.distributed.comm.get_local_size) for
+    its topology; without them it logs "Could not determine LOCAL_WORLD_SIZE" on every sharded
+    module and assumes 8 ranks per host, which is wrong for any other pool size.
+    """
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_RANK"] = str(rank)
+
+
 def _init_process_group(spec: WorkerSpec) -> None:
+    announce_one_host(spec.rank, spec.world_size)
     for module in spec.preload:
         importlib.import_module(module)
     from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
 
-    if spec.device == "cuda":
-        torch.cuda.set_device(spec.rank)
-    else:
-        # Ranks share the machine's cores; more threads than that only thrash.
-        torch.set_num_threads(spec.num_threads)
+    bind_rank(spec.device, local_rank=spec.rank, ranks_on_host=spec.world_size)
     dist.init_process_group(
         spec.backend,
         init_method=spec.init_method,
@@ -98,9 +106,9 @@ def _serve(conn: Connection) -> None:
             add_to_sys_path(request.sys_path)
             call = pickle.loads(request.call_bytes)
             call_id = call.call_id
-            payload = dumps_with_cpu_tensors(Returned(call_id, execute(call), dist_state()))
+            payload = dumps_with_cpu_tensors(Returned(call_id, execute(call), dist_state(), peak_resident_bytes()))
         except BaseException as exc:  # noqa: BLE001 - the parent decides; this rank stays up
-            payload = pickle.dumps(Raised(call_id, rank_error_from(exc), dist_state()))
+            payload = pickle.dumps(Raised(call_id, rank_error_from(exc), dist_state(), peak_resident_bytes()))
         conn.send_bytes(payload)
         del payload
 

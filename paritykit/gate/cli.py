@@ -123,14 +123,16 @@ def _positive_int(text: str) -> int:
 
 
 def _world_sizes(text: str) -> tuple[int, ...]:
+    """Any positive world size: what a size needs (memory, GPUs, a torchrun launch of that size) is
+    checked where its ranks start, with the numbers of the host (paritykit.dist.capacity)."""
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"world size must be N or N,M,...; got {text!r}") from None
-    bad = [s for s in sizes if not 1 <= s <= 8]
+    bad = [s for s in sizes if s < 1]
     if bad:
-        raise argparse.ArgumentTypeError(f"world sizes must be between 1 and 8, got {bad}")
-    return sizes
+        raise argparse.ArgumentTypeError(f"world sizes must be positive, got {bad}")
+    return tuple(dict.fromkeys(sizes))
 
 
 def environment() -> dict[str, str]:
