@@ -111,7 +111,7 @@ def test_pinned_case_is_three_way_equal_on_two_ranks(rank_pool, index: int) -> N
 
 @pytest.mark.world_size(2)
 @settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(case=sharded_cases(2))
+@given(case=sharded_cases(2, "cpu"))
 def test_sharded_td_equals_sharded_kjt_equals_unsharded_for_drawn_plans(rank_pool, case) -> None:
     reports = rank_pool.run(report_case_on_rank, case)
     assert [r.problems for r in reports] == [[], []]

@@ -74,7 +74,7 @@ def test_id_occurrences_count_every_repeat_of_a_row_by_the_inverse_indices() -> 
     ids = batch.ids("f0").tolist()
     rank_batch = RankBatch(batch, ((0, 1, 0),))
     tables = (TableSpec("t0", 8, 4, ("f0",)),)
-    case = ShardedCase("ebc", 1, tables, {"t0": ("table_wise", 0)}, "fused", ("kjt",), "nested_tensor", ((rank_batch,),))
+    case = ShardedCase("ebc", 1, tables, {"t0": ("table_wise", 0)}, "fused", ("kjt",), "nested_tensor", ((rank_batch,),), "cpu")
     expected = Counter()
     for repeat in (0, 1, 0):
         for i in (ids[0:2] if repeat == 0 else ids[2:3]):

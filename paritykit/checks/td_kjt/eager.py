@@ -60,7 +60,7 @@ def eager_cases(draw: st.DrawFn) -> EagerCase:
     return EagerCase(module, pooling, route, form, batch)
 
 
-def run_eager_case(case: EagerCase, device: str = "cpu") -> dict[str, Any]:
+def run_eager_case(case: EagerCase, device: str) -> dict[str, Any]:
     tables = _tables(case.batch.keys, case.pooling)
     if case.module == "ebc":
         module = build_ebc(tables, seed=case.batch.seed % 1000, is_weighted=case.batch.weighted, device=device)

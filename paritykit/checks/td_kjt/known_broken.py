@@ -49,7 +49,7 @@ def kjt_after_td_case(world_size: int, device: str) -> ShardedCase:
     kernel = next(k for k in kernels_for("ebc", device) if k != "dense")
     form = "from_jagged_offsets"
     return ShardedCase("ebc", world_size, tables, plan, kernel, routes_for(False, False, form), form,
-                       pinned_steps(world_size, False, False)[:1], device=device, seed=31)
+                       pinned_steps(world_size, False, False)[:1], device, seed=31)
 
 
 def vbe_broken_cases(world_size: int, device: str) -> tuple[tuple[str, ShardedCase], ...]:

@@ -188,7 +188,7 @@ def rank_batches(draw: Any, tables: tuple[TableSpec, ...], weighted: bool, varia
 
 
 @st.composite
-def sharded_cases(draw: Any, world_size: int, device: str = "cpu", module: str | None = None,
+def sharded_cases(draw: Any, world_size: int, device: str, module: str | None = None,
                   variable_batch: bool | None = None) -> ShardedCase:
     from paritykit.checks.sharding.cases import kernels_for
 

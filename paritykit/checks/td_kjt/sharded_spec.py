@@ -73,9 +73,9 @@ class ShardedCase:
     routes: tuple[str, ...]
     form: str  # how the TensorDict's jagged tensors are built (paritykit.strategies.JAGGED_FORMS)
     steps: tuple[tuple[RankBatch, ...], ...] = field(hash=False)
+    device: str  # "cpu" or "cuda": where every rank builds and runs the case
     weighted: bool = False
     need_indices: bool = False
-    device: str = "cpu"
     seed: int = 0
     train: bool = True  # False: outputs only (where torchrec cannot train the configuration on the device)
 
