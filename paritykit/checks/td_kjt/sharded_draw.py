@@ -46,8 +46,10 @@ CW_SHARDS = (2, 3)
 SHARD_WIDTH = 4
 
 ROW_SHARDED = ("row_wise", "table_row_wise")
-MIXED_POOLING = "mixed-pooling"  # the name a VBE case carries when its tables pool both ways
-# ... and when a row-sharded MEAN table sits in a plan with both row-sharded placements (which can reorder features)
+# Names a case carries beside its module, kernel and placements (see case_names): its tables pool
+# both ways; a row-sharded MEAN table sits in a plan with both row-sharded placements (which can
+# reorder the features).
+MIXED_POOLING = "mixed-pooling"
 ROW_MEAN_TWO_PLACEMENTS = "row-mean-two-placements"
 
 
