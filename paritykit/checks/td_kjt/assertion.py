@@ -29,13 +29,14 @@ def assert_td_kjt_parity(
     """Feed copies of ``module`` the KJT form and the TensorDict form of ``batch``; compare outputs
     and the gradients of every parameter. Raises ParityError naming the first difference.
 
-    ``batch`` is a SparseBatch (both forms built from its rows, independently of paritykit.convert),
+    ``batch`` is a SparseBatch (both forms built from its rows, independently of paritykit.convert,
+    on the device of the module's parameters),
     a KeyedJaggedTensor (its TensorDict form from kjt_to_td) or a TensorDict (its KJT from td_to_kjt).
     ``module`` is left untouched. Returns metrics (output and gradient element counts).
     """
     if route not in ROUTES:
         raise HarnessError(f"route must be one of {ROUTES}, got {route!r}")
-    kjt, td = _both_forms(batch, form)
+    kjt, td = _both_forms(batch, form, _device_of(module))
     reference, candidate = copy.deepcopy(module), copy.deepcopy(module)
     expected = reference(kjt)
     label = msg or f"{type(module).__name__} fed a TensorDict via {route} vs a KJT"
@@ -58,12 +59,17 @@ def assert_td_kjt_parity(
     return {"output_elements": count_output_elements(expected), "gradient_elements": sum(g.numel() for g in grads_expected.values())}
 
 
-def _both_forms(batch: Any, form: str):
+def _device_of(module: nn.Module) -> torch.device:
+    # A SparseBatch is built where the module's parameters live, so the same call serves CPU and CUDA.
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
+def _both_forms(batch: Any, form: str, device: torch.device):
     from tensordict import TensorDictBase
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     if isinstance(batch, SparseBatch):
-        return batch.to_kjt(lengths_dtype=batch.kjt_lengths_dtype(form)), batch.to_td(form)
+        return batch.to_kjt(device, lengths_dtype=batch.kjt_lengths_dtype(form)), batch.to_td(form, device)
     if isinstance(batch, KeyedJaggedTensor):
         return batch, kjt_to_td(batch)
     if isinstance(batch, TensorDictBase):

@@ -1,4 +1,5 @@
-"""Planted bugs in the TensorDict -> KJT conversion, for the td-kjt check's negative controls."""
+"""Planted bugs for the td-kjt check's negative controls: in paritykit's TensorDict -> KJT
+conversion, and in torchrec's sharded KJT/VBE paths (which only the unsharded oracle can see)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import ContextManager
 
 import torch
 
-import paritykit.convert as convert
+import paritykit.convert as convert  # noqa: PLR0402 - "from paritykit import" would import the facade
 from paritykit.harness.patching import replaced
 from paritykit.harness.plants import register
 
@@ -62,3 +63,83 @@ def weights_dropped():
         return assemble
 
     return _patched("_assemble", replacement)
+
+
+# ---------------------------------------------------------------- sharded TD/KJT/VBE paths in torchrec
+# These break the sharded module for every input form alike, so a sharded TensorDict compared only
+# with the same sharded module fed a KJT cannot see them; the unsharded oracle does.
+
+
+@register("vbe-inverse-indices-unpermuted", check=CHECK)
+def vbe_inverse_indices_unpermuted() -> ContextManager[None]:
+    """Sharded EBC expands a VBE batch by inverse indices in input key order, not in the plan's feature order."""
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+    def planted(original):
+        def create(self, inverse_indices):
+            original(self, inverse_indices)
+            if self._inverse_indices_permute_indices is not None:
+                self._inverse_indices_permute_indices = self._inverse_indices_permute_indices.sort().values
+
+        return create
+
+    return replaced(ShardedEmbeddingBagCollection, "_create_inverse_indices_permute_indices", planted)
+
+
+@register("ec-vbe-inverse-indices-unpermuted", check=CHECK)
+def ec_vbe_inverse_indices_unpermuted() -> ContextManager[None]:
+    """Sharded EC expands a VBE batch by inverse indices in input key order within each sharding."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+
+    def planted(original):
+        def create(self, inverse_indices):
+            original(self, inverse_indices)
+            permutes = self._inverse_indices_permute_per_sharding
+            if permutes is not None:
+                self._inverse_indices_permute_per_sharding = [p.sort().values for p in permutes]
+
+        return create
+
+    return replaced(ShardedEmbeddingCollection, "_create_inverse_indices_permute_per_sharding", planted)
+
+
+@register("split-weights-not-offset", check=CHECK)
+def split_weights_not_offset() -> ContextManager[None]:
+    """KJT.split gives each piece the per-id weights from the start of the batch, not from the piece's offset.
+
+    The sharded EBC splits its input by sharding type; the unsharded EBC never splits, so only the
+    sharded per-id weights land on the wrong ids (in every piece after the first).
+    """
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    def planted(original):
+        def split(self, segments):
+            pieces = original(self, segments)
+            weights = self.weights_or_none()
+            if weights is not None:
+                for piece in pieces[1:]:
+                    if piece.weights_or_none() is not None:
+                        piece._weights = weights[: piece.weights().numel()]
+            return pieces
+
+        return split
+
+    return replaced(KeyedJaggedTensor, "split", planted)
+
+
+@register("vbe-gradient-not-divided", check=CHECK)
+def vbe_gradient_not_divided() -> ContextManager[None]:
+    """The variable-batch pooled all-to-all's backward skips torchrec's gradient division by the world size."""
+    import torch.distributed as dist
+    from torchrec.distributed import comm_ops
+
+    def planted(original):
+        def backward(ctx, *grads):
+            out = original(ctx, *grads)
+            if comm_ops.get_gradient_division() and out[3] is not None:
+                out[3].mul_(dist.get_world_size(ctx.pg))
+            return out
+
+        return staticmethod(backward)
+
+    return replaced(comm_ops.Variable_Batch_All2All_Pooled_Req, "backward", planted)

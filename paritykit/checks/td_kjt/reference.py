@@ -1,0 +1,97 @@
+"""The unsharded oracle of a sharded td-kjt case: the same tables and weights, unsharded, fed each
+rank's batch (expanded to the output's rows when the batch size varies per feature), and the
+tables after one SGD step on every rank's batch with torchrec's gradient semantics.
+
+The loss of rank r is sum over output keys of <output, upstream_gradient(case, step, r, key)>, so
+every output element reaches the gradients with its own weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from paritykit.checks.td_kjt.batches import oracle_kjt
+from paritykit.checks.td_kjt.sharded_spec import ShardedCase
+from paritykit.checks.td_kjt.tolerances import gradient_scale
+from paritykit.errors import HarnessError
+from paritykit.harness.seeding import generator
+from paritykit.harness.tables import (
+    build_ebc,
+    build_ec,
+    table_of_key,
+    unsharded_full_weights,
+)
+
+
+def build_unsharded(case: ShardedCase, seed: int, device: torch.device) -> nn.Module:
+    if case.module == "ec":
+        return build_ec(case.tables, seed=seed, need_indices=case.need_indices, device=str(device))
+    return build_ebc(case.tables, seed=seed, is_weighted=case.weighted, device=str(device))
+
+
+def outputs_by_key(module_kind: str, output: Any) -> dict[str, Any]:
+    """{key: pooled tensor} for an EBC's KeyedTensor, {key: JaggedTensor} for an EC: the sharded
+    KeyedTensor orders its keys by sharding, so outputs are compared key by key."""
+    if hasattr(output, "wait") and not isinstance(output, (dict, torch.Tensor)):
+        output = output.wait()
+    if module_kind == "ec":
+        return dict(output)
+    return {key: output[key] for key in output.keys()}
+
+
+def upstream_gradient(case: ShardedCase, step: int, rank: int, key: str, like: torch.Tensor) -> torch.Tensor:
+    """A fixed gradient in [-1, 1) for every element of output ``key`` (tolerances.UPSTREAM_BOUND)."""
+    values = torch.rand(like.shape, generator=generator("td-kjt upstream", case.seed, step, rank, key)) * 2 - 1
+    return values.to(device=like.device, dtype=like.dtype)
+
+
+def loss_of(case: ShardedCase, step: int, rank: int, outputs: dict[str, Any]) -> torch.Tensor:
+    total = None
+    for key in sorted(outputs):
+        values = outputs[key].values() if case.module == "ec" else outputs[key]
+        term = (values * upstream_gradient(case, step, rank, key, values)).sum()
+        total = term if total is None else total + term
+    if total is None:
+        raise HarnessError(f"{case.module} produced no output keys: nothing to take a loss of")
+    return total
+
+
+def gradient_division() -> bool:
+    """Whether torchrec's all-to-all divides model-parallel gradients by the world size."""
+    from torchrec.distributed import comm_ops
+
+    if not hasattr(comm_ops, "get_gradient_division"):
+        raise HarnessError("torchrec.distributed.comm_ops has no get_gradient_division: its gradient scaling is unknown")
+    return bool(comm_ops.get_gradient_division())
+
+
+def reference_step(
+    case: ShardedCase, step: int, rank: int, device: torch.device, learning_rate: float
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(this rank's unsharded outputs, every table after one SGD step on every rank's batch)."""
+    module = build_unsharded(case, case.seed, device)
+    total = None
+    mine: dict[str, Any] = {}
+    for r, rank_batch in enumerate(case.steps[step]):
+        outputs = outputs_by_key(case.module, module(oracle_kjt(rank_batch, device)))
+        loss = loss_of(case, step, r, outputs)
+        total = loss if total is None else total + loss
+        if r == rank:
+            mine = outputs
+    if not case.train:
+        return mine, {}
+    total.backward()
+    division = gradient_division()
+    stepped = {}
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            table = table_of_key(name)
+            if table is None:
+                continue
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            stepped[table] = param.detach() - learning_rate * gradient_scale(case, table, division) * grad
+    full = unsharded_full_weights(module)
+    return mine, {table: stepped.get(table, full[table]) for table in full}
