@@ -72,7 +72,7 @@ def _kinds(by_kind: dict[str, int]) -> str:
 
 
 def measure_on(device: str) -> Callable[[Any], Any]:
-    from paritykit.checks.sync.budgets import measure
+    from paritykit.checks.sync.budget import measure
 
     return lambda budget: measure(budget, device)
 

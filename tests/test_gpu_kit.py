@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from paritykit.checks.sync.budgets import BUDGETS, measure
+from paritykit.checks.sync.budget import measure
+from paritykit.checks.sync.budgets import BUDGETS
 from paritykit.errors import ParityError
 from paritykit.harness import plants
 

@@ -33,7 +33,7 @@ from paritykit.checks.td_kjt.sharded_spec import (
     RankBatch,
 )
 from paritykit.errors import HarnessError, ParityError, RankFailure
-from paritykit.gate.known_issues import KnownIssue, apply
+from paritykit.checks.known_issues import KnownIssue, apply
 from paritykit.harness.tables import TableSpec
 from paritykit.strategies import SparseBatch
 
@@ -223,8 +223,8 @@ def test_known_broken_results_are_marked_by_matching_known_issues(rank_pools) ->
     assert KJT_AFTER_TD in labels and "vbe-training-ec" in labels
     assert all(r.status == "fail" for r in results)
     issues = [KnownIssue(check="td-kjt", case=f"known-broken {label}: *", reason=label) for label in labels]
-    marked, stale = apply(results, issues, {})
-    assert {r.status for r in marked} == {"known-issue"} and stale == []
+    judged = apply(results, issues, {})
+    assert {r.status for r in judged.cases} == {"known-issue"} and judged.stale == []
 
 
 # ---------------------------------------------------------------- a 1e-3 drift fails

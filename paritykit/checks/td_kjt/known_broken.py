@@ -1,5 +1,5 @@
 """Sharded td-kjt configurations that fail inside torchrec, run on purpose by every gate so that
-their failures are matched against the known issues (paritykit/gate/known_issues.toml) and
+their failures are matched against the known issues (paritykit/checks/known_issues.toml) and
 ``paritykit gate --strict`` notices the day torchrec fixes one.
 
 - "kjt after td": a sharded EBC whose plan reorders the features, fed a KJT, then the same batch
@@ -42,7 +42,7 @@ RW_MEAN_BESIDE_OTHERS = "rw-mean-beside-others"
 
 def kjt_after_td_case(world_size: int, device: str) -> ShardedCase:
     """Row-wise t0 and t2 are grouped before table-wise t1: the plan's feature order is f0, f2, f1."""
-    from paritykit.checks.sharding.cases import kernels_for
+    from paritykit.checks.td_kjt.sharded_draw import kernels_for
 
     tables = (TableSpec("t0", 8, 4, ("f0",)), TableSpec("t1", 6, 4, ("f1",)), TableSpec("t2", 7, 4, ("f2", "f3")))
     plan = {"t0": ("row_wise",), "t1": ("table_wise", world_size - 1), "t2": ("row_wise",)}
@@ -54,7 +54,7 @@ def kjt_after_td_case(world_size: int, device: str) -> ShardedCase:
 
 def vbe_broken_cases(world_size: int, device: str) -> tuple[tuple[str, ShardedCase], ...]:
     """(label, case): one VBE case per entry of VBE_BROKEN that applies on ``device`` at this world size."""
-    from paritykit.checks.sharding.cases import kernels_for
+    from paritykit.checks.td_kjt.sharded_draw import kernels_for
 
     last = world_size - 1
     ebc = (TableSpec("t0", 8, 4, ("f0", "f1")), TableSpec("t1", 6, 8, ("f2",)), TableSpec("t2", 7, 4, ("f3",)))
@@ -94,7 +94,7 @@ def vbe_broken_cases(world_size: int, device: str) -> tuple[tuple[str, ShardedCa
 
 def rw_mean_beside_others_case(world_size: int, device: str) -> ShardedCase:
     """A row-wise MEAN table beside a table-wise SUM and a column-wise MEAN table (RW_MEAN_BESIDE_OTHERS)."""
-    from paritykit.checks.sharding.cases import kernels_for
+    from paritykit.checks.td_kjt.sharded_draw import kernels_for
 
     tables = (TableSpec("t0", 8, 4, ("f0", "f1"), "MEAN"), TableSpec("t1", 6, 4, ("f2",)), TableSpec("t2", 7, 8, ("f3",), "MEAN"))
     plan = {"t0": ("row_wise",), "t1": ("table_wise", world_size - 1), "t2": ("column_wise", (world_size - 1, 0))}

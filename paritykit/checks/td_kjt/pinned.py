@@ -79,7 +79,8 @@ def pinned_case(module: str, world_size: int, device: str, tables, plan, kernel:
 
 
 def pinned_cases(world_size: int, device: str) -> tuple[ShardedCase, ...]:
-    from paritykit.checks.sharding.cases import kernels_for, placements_for
+    from paritykit.checks.td_kjt.sharded_draw import kernels_for
+    from paritykit.harness.plans import placements_for
 
     last = world_size - 1
     ebc_kernel = next(k for k in kernels_for("ebc", device) if k != "dense")

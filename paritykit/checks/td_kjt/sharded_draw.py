@@ -3,7 +3,7 @@ kernel, SUM and MEAN tables, several features per table, and two steps of batche
 a variable batch size per feature (VBE) where torchrec takes it.
 
 The draws stay inside what torchrec computes (so examples test parity, not known failures):
-- placements (``placements_to_draw``) and kernels come from ``paritykit.checks.sharding.cases``
+- placements (``placements_to_draw``) and kernels (``kernels_for``) are what torchrec offers, minus the known issues'
   (what torchrec offers, minus ``supported_on_device``);
 - VBE only with the placements and kernels whose forward torchrec computes (``VBE_BROKEN``); where
   it cannot train them on the device, the case compares outputs only (``train=False``); the
@@ -121,9 +121,11 @@ def placements_to_draw(module: str, device: str) -> tuple[str, ...]:
     """What torchrec's sharder offers for ``module`` on ``device``, minus the known-broken ones; for an
     EBC also row-wise and table-row-wise, which its sharder advertises only for CUDA but which shard
     and compute on CPU when a plan asks for them (the pinned cases show it)."""
-    from paritykit.checks.sharding.cases import placements_for, supported_on_device
+    from paritykit.checks.sharding.cases import supported_on_device
+    from paritykit.harness.plans import placements_for
 
-    offered = placements_for(module, device)
+    # TWCW and GRID are the sharding check's to draw; this check's tables and entries know the rest.
+    offered = tuple(p for p in placements_for(module, device) if p not in ("table_column_wise", "grid_shard"))
     if module == "ebc":
         offered = tuple(dict.fromkeys(offered + ROW_SHARDED))
     return tuple(p for p in offered if supported_on_device(device, module, p))
@@ -146,9 +148,27 @@ def case_names(module: str, kernel: str, tables, plan) -> set[str]:
     return names
 
 
-def _draw_tables(draw: Any, module: str, world_size: int, placements: tuple[str, ...], weighted: bool, one_pooling: bool):
-    from paritykit.checks.sharding.cases import placement_entry
+def kernels_for(module: str, device: str) -> tuple[str, ...]:
+    """Kernels torchrec offers a model-parallel table of ``module`` on ``device`` that no known issue keeps
+    out of the draws (data-parallel tables always use dense)."""
+    from paritykit.checks.sharding.cases import supported_on_device
+    from paritykit.harness.plans import compute_kernels
 
+    return tuple(k for k in compute_kernels(device, "column_wise", module) if supported_on_device(device, module, k))
+
+
+def placement_entry(kind: str, world_size: int, draw: Any, cw_shards: int | None = None) -> tuple:
+    """A drawn short placement of ``kind``: CW shards on ranks in any order, TW on any rank."""
+    if kind == "column_wise":
+        return (kind, tuple(draw(st.lists(st.integers(0, world_size - 1), min_size=cw_shards, max_size=cw_shards))))
+    if kind == "table_wise":
+        return (kind, draw(st.integers(0, world_size - 1)))
+    if kind == "table_row_wise":
+        return (kind, 0)  # one host: every rank is local
+    return (kind,)
+
+
+def _draw_tables(draw: Any, module: str, world_size: int, placements: tuple[str, ...], weighted: bool, one_pooling: bool):
     num_tables = draw(st.integers(1, 3))
     ec_shards = draw(st.sampled_from(CW_SHARDS))
     module_pooling = draw(st.sampled_from(("SUM", "MEAN"))) if module == "ebc" and not weighted else "SUM"
@@ -192,8 +212,6 @@ def rank_batches(draw: Any, tables: tuple[TableSpec, ...], weighted: bool, varia
 @st.composite
 def sharded_cases(draw: Any, world_size: int, device: str, module: str | None = None,
                   variable_batch: bool | None = None) -> ShardedCase:
-    from paritykit.checks.sharding.cases import kernels_for
-
     # EBC twice as often: pooling, weights and VBE expansion give it more to get wrong.
     module = module or draw(st.sampled_from(("ebc", "ebc", "ec")))
     vbe = draw(st.booleans()) if variable_batch is None else variable_batch
