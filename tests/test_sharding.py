@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
 
 from paritykit.checks.runner import GateConfig
 from paritykit.checks.sharding.case_runner import run_sharding_case
@@ -58,15 +57,13 @@ def test_repairing_a_known_broken_case_leaves_no_rule_applying(rule):
     assert broken_rules(repair(case)) == []
 
 
-def test_the_draws_stay_inside_what_torchrec_runs():
+def test_the_draws_stay_inside_what_torchrec_runs_and_cover_every_placement():
+    # Drawn the way the gate draws them (the property runner: the same cases for the same seed).
+    from paritykit.checks.runner import run_property
+
     seen: list[ShardingCase] = []
-
-    @settings(max_examples=60, database=None, suppress_health_check=list(HealthCheck))
-    @given(sharding_cases(3, placements_by_module("cpu")))
-    def collect(case):
-        seen.append(case)
-
-    collect()
+    run_property("sharding", sharding_cases(3, placements_by_module("cpu")), lambda case: seen.append(case) or {},
+                 GateConfig(examples=150, seed=0, shrink=False), case_id=lambda case: case.case_id())
     assert all(broken_rules(case) == [] for case in seen)
     assert {case.module for case in seen} == {"ec", "ebc"}
     for case in (c for c in seen if c.module == "ec"):
