@@ -172,3 +172,19 @@ def test_a_difference_in_final_state_is_reported_with_its_location(rank_pool):
     fused.state[key][3, 1] += 1.0
     with pytest.raises(ParityError, match=r"(?s)fused:data_dist vs plain: final state differs.*\['" + key.replace(".", r"\.") + r"'\]\[3, 1\]"):
         assert_identical(plain, fused, ("plain", "fused:data_dist"), "promised")
+
+
+def test_an_exception_in_paritykits_own_comparison_is_a_harness_error_not_a_finding():
+    from paritykit.checks.pipeline.parity import ours
+    from paritykit.checks.runner import run_case
+
+    def broken_comparison(reference, candidate):
+        return reference["missing"]
+
+    with pytest.raises(HarnessError, match=r"paritykit's broken_comparison failed: KeyError: 'missing'"):
+        ours(broken_comparison, {}, {})
+    # A finding passes through unchanged.
+    with pytest.raises(ParityError, match="differs"):
+        ours(lambda: (_ for _ in ()).throw(ParityError("differs")))
+    result = run_case("pipeline", "case", "-", lambda: ours(broken_comparison, {}, {}))
+    assert result.status == "error"

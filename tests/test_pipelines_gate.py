@@ -96,7 +96,10 @@ def test_every_world_size_the_config_asks_for_is_run_none_dropped_stub_pool_prov
 def _check_matrix_case(pools, case: matrix.MatrixCase) -> None:
     result = pipeline_check.assert_pipeline_parity(pools.get(case.world_size), case.spec, (case.spec.pipeline, "sparse_dist", "semi_sync"))
     assert [len(run.outputs) for run in result.runs.values()] == [case.spec.data.num_batches] * 4
-    assert result.anchor["steps"] == case.spec.data.num_batches
+    if case.spec.model.fused_optimizer == "adagrad":
+        assert "element-wise Adagrad" in result.anchor["skipped"]
+    else:
+        assert result.anchor["steps"] == case.spec.data.num_batches
 
 
 # Each example runs four pipelines on real ranks; three keep the default suite fast.

@@ -32,8 +32,10 @@ from paritykit.checks.pipeline.report_files import write_report
 from paritykit.checks.pipeline.runs import EXACT_PIPELINES, PipelineJob, run_pipeline, run_plain
 from paritykit.checks.pipeline.td_input import check_td_batches, to_td_batches
 from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_anchor, assert_identical, assert_semi_sync
+from paritykit.checks.sharding.reference import train_reference
+from paritykit.checks.sharding.setup import gradient_division
 from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
-from paritykit.errors import ParityError
+from paritykit.errors import HarnessError, ParityError
 
 EXACT_PROMISE = "the pipeline promises the plain loop's numbers exactly"
 TD_PROMISE = "the same data as TensorDicts must give the same numbers as KJTs"
@@ -75,8 +77,9 @@ class _Verdicts:
         self.labels = labels_of(case.setup.batches)
 
     def judge(self, check: Any, *args: Any) -> Any:
+        """``check(*args)``: a ParityError is a finding; any other exception is paritykit's own."""
         try:
-            return check(*args)
+            return ours(check, *args)
         except ParityError as exc:
             if not self.keep_going:
                 raise
@@ -85,7 +88,18 @@ class _Verdicts:
 
     def record(self, name: str, run: TrainingRecord, reference: TrainingRecord, reference_name: str) -> None:
         self.result.runs[name] = run
-        self.result.comparisons.append(compare_pair(reference, run, (reference_name, name), self.labels))
+        self.result.comparisons.append(ours(compare_pair, reference, run, (reference_name, name), self.labels))
+
+
+def ours(function: Any, *args: Any) -> Any:
+    """Run paritykit's own comparison code: an exception other than ParityError is a harness error (exit 2),
+    never a finding about torchrec (torchrec's own code runs on the ranks or in train_reference)."""
+    try:
+        return function(*args)
+    except (ParityError, HarnessError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever broke in paritykit's code
+        raise HarnessError(f"paritykit's {getattr(function, '__name__', function)} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _hold_to_promise(verdicts: _Verdicts, pipeline: str, run: TrainingRecord, reference: TrainingRecord, names: tuple[str, str]) -> None:
@@ -121,8 +135,10 @@ def run_parity_case(case: PipelineCase, pool: Any, report_dir: Path | str | None
     plain_record = run_plain(pool, case.setup)
     unsound = anchor_unsound(case.setup)
     if case.anchor and not unsound:
+        # The unsharded model is torchrec's code too: what it raises is not paritykit's.
+        reference = train_reference(case.setup, division=gradient_division())
         header = f"{case.label} over {case.setup.world_size} ranks"
-        verdicts.result.anchor = verdicts.judge(assert_anchor, case.setup, plain_record, header) or {"failed": True}
+        verdicts.result.anchor = verdicts.judge(assert_anchor, case.setup, plain_record, reference, header) or {"failed": True}
     else:
         verdicts.result.anchor = {"skipped": unsound or "not asked for"}
     plain = predictions(plain_record)
@@ -130,7 +146,7 @@ def run_parity_case(case: PipelineCase, pool: Any, report_dir: Path | str | None
     for input_type in case.inputs:
         _run_input(verdicts, pool, input_type, plain)
     if report_dir is not None:
-        write_report(verdicts.result, Path(report_dir))
+        ours(write_report, verdicts.result, Path(report_dir))
     if verdicts.failure is not None:
         raise verdicts.failure
     return verdicts.result

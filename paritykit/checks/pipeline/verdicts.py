@@ -20,8 +20,6 @@ from typing import Any
 
 from paritykit.checks.pipeline.comparison import PairComparison, SemiSyncBounds, compare_pair, fmt_list
 from paritykit.checks.sharding.comparison import Tolerance, compare_records, final_problems, per_step_problems
-from paritykit.checks.sharding.reference import train_reference
-from paritykit.checks.sharding.setup import gradient_division
 from paritykit.checks.sharding.tolerances import tolerance_for
 from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
 from paritykit.errors import ParityError
@@ -103,9 +101,9 @@ def anchor_unsound(setup: TrainingSetup) -> str:
     return ""
 
 
-def assert_anchor(setup: TrainingSetup, plain: TrainingRecord, header: str) -> dict[str, Any]:
-    """The plain loop over DMP against the unsharded model trained with torchrec's semantics."""
-    reference = train_reference(setup, division=gradient_division())
+def assert_anchor(setup: TrainingSetup, plain: TrainingRecord, reference: TrainingRecord, header: str) -> dict[str, Any]:
+    """The plain loop over DMP against the unsharded ``reference`` (the sharding engine's
+    ``train_reference``: the unsharded model trained with torchrec's gradient semantics)."""
     tolerance = tolerance_for(setup)
     metrics = compare_records(plain, reference, tolerance, f"unsharded anchor, {header}: the plain loop over the DMP model")
     return {**metrics, "tolerance": tolerance.outputs.describe()}
