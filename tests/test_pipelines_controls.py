@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from paritykit.checks.pipeline.assertion import assert_pipeline_parity, builtin_case, unsafe_configuration
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, SemiSyncBounds, predictions

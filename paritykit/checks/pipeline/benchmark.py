@@ -11,7 +11,7 @@ steps after the data ends are left out; P50 and P90 are over the remaining steps
 Configurations run in interleaved rounds on one pool, so a change of machine load spreads over all.
 
 Memory: on CUDA the allocator's peak allocated and reserved bytes; on CPU the growth of the rank
-process' peak resident set (VmHWM) over its value before the model is built, in a fresh pool per
+process' peak resident set over its value before the model is built, in a fresh pool per
 configuration (a process never gives its heap back, so an earlier run would hide a later one's).
 The larger rank's figure is reported.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,11 +93,12 @@ def label(pipeline: str) -> str:
 
 
 def _peak_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """This process' peak resident set (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def _rank_batches(job: BenchJob, rank: int) -> list[Any]:
