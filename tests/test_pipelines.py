@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paritykit.checks.pipeline.assertion import assert_pipeline_parity
-from paritykit.checks.pipeline.comparison import normalized_entropy
+from paritykit.checks.pipeline.assertion import assert_pipeline_parity, builtin_case
+from paritykit.checks.pipeline.comparison import normalized_entropy, predictions
+from paritykit.checks.pipeline.models import DataSpec, ModelFactory, ModelSpec
+from paritykit.checks.pipeline.runs import EXACT_PIPELINES, FUSED_PIPELINES, PipelineJob, RunSpec, run_pipeline, run_plain
+from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_identical
+from paritykit.checks.sharding.training import TrainingRecord
 from paritykit.errors import HarnessError, ParityError
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec, full_table
-from paritykit.checks.pipeline.runs import EXACT_PIPELINES, FUSED_PIPELINES, PipelineRun, RunSpec, run_pipeline
 from paritykit.harness.cpu_shim import stream_shim
 
 ALL_SHARDINGS = ("table_wise", "row_wise", "column_wise")
@@ -57,6 +59,10 @@ def test_bad_specs_are_rejected_with_clear_errors():
         RunSpec(pipeline="sparse_dist", overlap_optimizer=True)
     with pytest.raises(ValueError, match="num_batches"):
         DataSpec(num_batches=-1)
+    with pytest.raises(ValueError, match="input_type"):
+        RunSpec(input_type="njt")
+    with pytest.raises(ValueError, match="semi_sync_start_batch"):
+        RunSpec(semi_sync_start_batch=-1)
 
 
 @pytest.mark.world_size(1)
@@ -65,32 +71,31 @@ def test_unknown_pipeline_name_is_a_harness_error(rank_pool):
         assert_pipeline_parity(rank_pool, RunSpec(), ["sparse-dist"])
 
 
+def test_a_run_with_no_batch_is_a_harness_error_before_any_rank_runs():
+    # No pool is needed: the sharding engine refuses an empty batch list in the caller.
+    with pytest.raises(HarnessError, match="batches is empty"):
+        builtin_case(RunSpec(data=DataSpec(num_batches=0)), 2, ("sparse_dist",))
+
+
 def test_normalized_entropy_of_a_coin_predicted_at_one_half_is_one():
     import math
 
-    half = torch.full((2,), math.log(2.0), dtype=torch.float64)
-    run = PipelineRun(
-        spec=RunSpec(),
-        outputs=[torch.zeros(2, 2)] * 3,
-        losses=[half] * 3,
-        labels=[torch.tensor([[0.0, 1.0], [1.0, 0.0]])] * 3,
-        tables={},
-        dense={},
-        fused_state={},
-        dense_state={},
-    )
-    assert normalized_entropy(run) == pytest.approx(1.0, abs=1e-12)
+    half = torch.tensor(math.log(2.0), dtype=torch.float64)
+    record = TrainingRecord(outputs=[[torch.zeros(2)] * 2] * 3, losses=[[half, half]] * 3, embeddings=[], state={})
+    labels = [torch.tensor([[0.0, 1.0], [1.0, 0.0]])] * 3
+    assert normalized_entropy(record, labels) == pytest.approx(1.0, abs=1e-12)
+    assert math.isnan(normalized_entropy(record, None))
 
 
-def _assert_training_moved_everything(run: PipelineRun, spec: RunSpec) -> None:
+def _assert_training_moved_everything(plain: TrainingRecord, spec: RunSpec) -> None:
     # Guards against a vacuous comparison: the state compared must actually have changed.
-    for key, table in run.tables.items():
-        name = key.split(".")[-2]
-        assert not torch.equal(table, full_table(spec.model, name)), f"{key} was never updated"
+    initial = ModelFactory(spec.model)().state_dict()
+    tables = [key for key in plain.state if ".embedding_bags." in key]
+    assert tables and all(not torch.equal(plain.state[key], initial[key]) for key in tables)
     if spec.model.fused_optimizer != "sgd":
-        assert run.fused_state and all(v.abs().sum() > 0 for k, v in run.fused_state.items() if "momentum1" in k)
+        assert plain.fused_state and all(v.abs().sum() > 0 for v in plain.fused_state.values())
     if spec.model.dense_optimizer == "adam":
-        assert any(k.endswith("exp_avg") for k in run.dense_state)
+        assert any(k.endswith("exp_avg") for k in plain.dense_state)
 
 
 @pytest.mark.world_size(1)
@@ -102,6 +107,7 @@ def test_every_exact_pipeline_matches_the_plain_loop_bitwise_on_one_rank(rank_po
     result = assert_pipeline_parity(rank_pool, spec, EXACT_PIPELINES)
     assert set(result.runs) == {"plain", *EXACT_PIPELINES}
     assert all(c.candidate_steps == 5 and c.max_output_diff == 0.0 for c in result.comparisons)
+    assert result.anchor["steps"] == 5 and result.anchor["ranks"] == 1
     _assert_training_moved_everything(result.runs["plain"], spec)
 
 
@@ -113,8 +119,16 @@ def test_fused_and_sparse_dist_match_the_plain_loop_bitwise_on_two_ranks(rank_po
         data=DataSpec(num_batches=4, seed=1),
     )
     result = assert_pipeline_parity(rank_pool, spec, ("sparse_dist",) + FUSED_PIPELINES)
-    assert [c.final_diff["tables"] for c in result.comparisons] == [0.0] * (1 + len(FUSED_PIPELINES))
+    assert [c.final_diff["state"] for c in result.comparisons] == [0.0] * (1 + len(FUSED_PIPELINES))
+    assert ("skipped" in result.anchor) == (fused_optimizer == "adagrad")
     _assert_training_moved_everything(result.runs["plain"], spec)
+
+
+def test_the_anchor_is_left_out_with_its_reason_for_element_wise_adagrad_tables_only():
+    for optimizer, unsound in (("sgd", False), ("rowwise_adagrad", False), ("adagrad", True)):
+        setup = builtin_case(RunSpec(model=ModelSpec(fused_optimizer=optimizer)), 2, ("sparse_dist",)).setup
+        assert bool(anchor_unsound(setup)) is unsound
+    assert "element-wise Adagrad" in anchor_unsound(setup)
 
 
 @pytest.mark.world_size(2)
@@ -129,31 +143,48 @@ def test_torchrec_test_sparse_nn_matches_under_every_exact_pipeline(rank_pool):
 
 
 @pytest.mark.world_size(2)
-@pytest.mark.parametrize("num_batches", [0, 1, 2])
+@pytest.mark.parametrize("num_batches", [1, 2])
 def test_fewer_batches_than_the_pipeline_depth_run_every_batch_once(rank_pool, num_batches):
     spec = RunSpec(data=DataSpec(num_batches=num_batches, batch_size=2))
     result = assert_pipeline_parity(rank_pool, spec, ("sparse_dist", "fused:data_dist", "fused:current:after_dd", "semi_sync"))
-    assert [run.steps for run in result.runs.values()] == [num_batches] * 5
+    assert [len(run.outputs) for run in result.runs.values()] == [num_batches] * 5
 
 
 @pytest.mark.world_size(2)
-def test_per_step_records_have_one_row_per_rank(rank_pool):
-    run = run_pipeline(rank_pool, RunSpec(pipeline="fused:new", data=DataSpec(num_batches=3, batch_size=3)))
-    assert run.steps == 3
-    assert [tuple(o.shape) for o in run.outputs] == [(2, 3)] * 3
-    assert [tuple(loss.shape) for loss in run.losses] == [(2,)] * 3
+def test_per_step_records_have_one_prediction_and_loss_per_rank(rank_pool):
+    case = builtin_case(RunSpec(data=DataSpec(num_batches=3, batch_size=3)), 2, ("fused:new",))
+    run = run_pipeline(rank_pool, PipelineJob(case.setup, "fused:new"))
+    assert len(run.outputs) == 3 and all(len(step) == 2 for step in run.outputs)
+    assert [tuple(prediction.shape) for step in run.outputs for prediction in step] == [(3,)] * 6
+    assert [tuple(loss.shape) for step in run.losses for loss in step] == [()] * 6
+    assert set(run.embeddings[0][0]) == {"sparse", "weighted"}
     # Ranks draw different data, so their predictions differ.
     assert not torch.equal(run.outputs[0][0], run.outputs[0][1])
 
 
 @pytest.mark.world_size(2)
 def test_a_difference_in_final_state_is_reported_with_its_location(rank_pool):
-    from paritykit.checks.pipeline.assertion import assert_runs_identical
+    case = builtin_case(RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=2)), 2, ("fused:data_dist",))
+    plain = predictions(run_plain(rank_pool, case.setup))
+    fused = run_pipeline(rank_pool, PipelineJob(case.setup, "fused:data_dist"))
+    assert_identical(plain, fused, ("plain", "fused:data_dist"), "promised")
+    key = next(key for key in fused.state if ".embedding_bags." in key)
+    fused.state[key][3, 1] += 1.0
+    with pytest.raises(ParityError, match=r"(?s)fused:data_dist vs plain: final state differs.*\['" + key.replace(".", r"\.") + r"'\]\[3, 1\]"):
+        assert_identical(plain, fused, ("plain", "fused:data_dist"), "promised")
 
-    spec = RunSpec(model=ModelSpec(fused_optimizer="adagrad"), data=DataSpec(num_batches=2))
-    plain = run_pipeline(rank_pool, spec)
-    fused = run_pipeline(rank_pool, spec.with_pipeline("fused:data_dist"))
-    key = next(iter(fused.tables))
-    fused.tables[key][3, 1] += 1.0
-    with pytest.raises(ParityError, match=r"(?s)final state.*\['tables'\]\['" + key.replace(".", r"\.") + r"'\]\[3, 1\]"):
-        assert_runs_identical(plain, fused)
+
+def test_an_exception_in_paritykits_own_comparison_is_a_harness_error_not_a_finding():
+    from paritykit.checks.pipeline.parity import ours
+    from paritykit.checks.runner import run_case
+
+    def broken_comparison(reference, candidate):
+        return reference["missing"]
+
+    with pytest.raises(HarnessError, match=r"paritykit's broken_comparison failed: KeyError: 'missing'"):
+        ours(broken_comparison, {}, {})
+    # A finding passes through unchanged.
+    with pytest.raises(ParityError, match="differs"):
+        ours(lambda: (_ for _ in ()).throw(ParityError("differs")))
+    result = run_case("pipeline", "case", "-", lambda: ours(broken_comparison, {}, {}))
+    assert result.status == "error"

@@ -30,7 +30,8 @@ def test_report_dir_gets_a_per_step_diff_table_and_a_drift_plot_per_pair(rank_po
     semi = [float(r["max_abs_output_diff"]) for r in rows if r["pipeline"] == "semi_sync"]
     assert semi[0] == 0.0 and max(semi) > 0.0
     markdown = (tmp_path / "pipeline_diffs.md").read_text()
-    assert "| fused:data_dist | 4/4 |" in markdown and "| semi_sync | 4/4 |" in markdown
+    assert "| fused:data_dist | plain | 4/4 |" in markdown and "| semi_sync | plain | 4/4 |" in markdown
+    assert "Unsharded anchor" in markdown
     plots = sorted(p.name for p in tmp_path.glob("*.png"))
     assert plots == ["pipeline_drift_fused-data_dist_vs_plain.png", "pipeline_drift_semi_sync_vs_plain.png"]
     assert all((tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in plots)
@@ -49,23 +50,56 @@ def test_report_is_written_even_when_parity_fails(rank_pool, tmp_path):
     assert [float(r["max_abs_output_diff"]) > 0.0 for r in rows] == [False, False, True]
 
 
+FIXED_IDS = ["dlrm/all-pipelines", "test-sparse-nn/all-pipelines", "dlrm/td-batches", "negative-control/feature-processor-under-fused"]
+
+
 @pytest.mark.slow
 def test_gate_run_passes_every_case_and_reports_the_negative_control(rank_pools, tmp_path):
     config = GateConfig(device="cpu", world_sizes=(1,), examples=2, seed=0, report_dir=tmp_path)
     results = matrix.run_matrix(config, rank_pools)
     ids = [r.case_id for r in results]
-    assert ids[:3] == ["ws1/dlrm/all-pipelines", "ws1/test-sparse-nn/all-pipelines", "ws1/negative-control/feature-processor-under-fused"]
-    assert len(results) == 3 + 2
-    assert [r.status for r in results] == ["pass"] * 5, [r.message for r in results if r.status != "pass"]
-    assert results[2].metrics["flagged"].startswith("fused:data_dist vs plain")
+    assert ids[:4] == [f"ws1/{name}" for name in FIXED_IDS]
+    assert len(results) == 4 + 2
+    assert [r.status for r in results] == ["pass"] * 6, [r.message for r in results if r.status != "pass"]
+    assert results[3].metrics["flagged"].startswith("fused:data_dist vs plain")
     assert results[0].metrics["fused:new"]["max_output_diff"] == 0.0
+    assert results[0].metrics["anchor"]["steps"] == 6
     assert results[0].metrics["semi_sync"]["max_output_diff"] > 0.0
-    assert len(list((tmp_path / "pipeline_ws1_dlrm").glob("*.png"))) == len(ALL_PIPELINES)
+    assert results[2].metrics["semi_sync[td]"]["reference"] == "semi_sync"
+    assert len(list((tmp_path / "pipeline_ws1_dlrm_all-pipelines").glob("*.png"))) == len(ALL_PIPELINES)
+
+
+class RecordingPoolProviderStub:
+    """A stand-in for PoolProvider that records the world sizes asked for and starts no rank."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def get(self, world_size: int, backend=None):
+        from paritykit.errors import HarnessError
+
+        self.asked.append(world_size)
+        raise HarnessError(f"stub: no pool of {world_size} ranks")
+
+
+def test_every_world_size_the_config_asks_for_is_run_none_dropped_stub_pool_provider():
+    pools = RecordingPoolProviderStub()
+    config = GateConfig(device="cpu", world_sizes=(1, 5, 8), examples=3, seed=0, shrink=False)
+    results = matrix.run_matrix(config, pools)
+    assert set(pools.asked) == {1, 5, 8}
+    fixed = results[: 3 * len(FIXED_IDS)]
+    assert [r.case_id for r in fixed] == [f"ws{w}/{name}" for w in (1, 5, 8) for name in FIXED_IDS]
+    # A pool that cannot start is the harness's error, never a pass or a parity failure.
+    assert {r.status for r in results} == {"error"}
 
 
 def _check_matrix_case(pools, case: matrix.MatrixCase) -> None:
     result = pipeline_check.assert_pipeline_parity(pools.get(case.world_size), case.spec, (case.spec.pipeline, "sparse_dist", "semi_sync"))
-    assert [run.steps for run in result.runs.values()] == [case.spec.data.num_batches] * 4
+    assert [len(run.outputs) for run in result.runs.values()] == [case.spec.data.num_batches] * 4
+    if case.spec.model.fused_optimizer == "adagrad":
+        assert "element-wise Adagrad" in result.anchor["skipped"]
+    else:
+        assert result.anchor["steps"] == case.spec.data.num_batches
 
 
 # Each example runs four pipelines on real ranks; three keep the default suite fast.
@@ -92,5 +126,5 @@ def test_matrix_case_ids_name_every_dimension():
     case = matrix.MatrixCase(
         2, RunSpec(model=ModelSpec(sharding_types=("row_wise", "column_wise"), fused_optimizer="adagrad"), pipeline="fused:new")
     )
-    assert matrix.case_id(case) == "ws2/dlrm/row_wise+column_wise/adagrad+sgd/b4x5/seed0,0/fused:new"
+    assert matrix.case_id(case) == "ws2/dlrm/row_wise+column_wise/adagrad+sgd/b4x5/seed0,0/fused:new/kjt/start0"
     assert matrix.case_id(replace(case, world_size=3)).startswith("ws3/")

@@ -1,12 +1,19 @@
-"""pipeline: torchrec's training pipelines against a plain loop over the same model and data.
+"""pipeline: torchrec's training pipelines against a plain loop over the same DMP model, and that
+plain loop against the unsharded model.
 
-models.py        the DMP-wrapped models (DLRM-style, torchrec's TestSparseNN) and their per-rank data
-runs.py          one model through one pipeline on every rank, recorded as a PipelineRun
+contract.py      what the pipelines require of a model (forward -> (loss, prediction)) and its batches
+models.py        the built-in models (DLRM-style, torchrec's TestSparseNN), plans, optimizers, data
+sharded.py       on a rank: the DMP model and dense optimizer from the sharding engine's TrainingSetup
+td_input.py      the same batches with TensorDict sparse features; whether this torchrec takes them
+runs.py          one setup through one torchrec pipeline on every rank, recorded as a TrainingRecord
 comparison.py    per-step and final differences, normalized entropy, SemiSync bounds
-assertion.py     ``assert_pipeline_parity`` and the unsafe-configuration rule
+verdicts.py      exact, SemiSync and unsharded-anchor verdicts
+parity.py        one case: plain loop, anchor, every pipeline on KJT and/or TD batches
+assertion.py     ``assert_pipeline_parity`` (a user's model, or the built-in RunSpec form)
 report_files.py  per-step diff tables and drift plots
 matrix.py        the gate entry (fixed cases, the feature-processor control, drawn cases)
-plants.py        planted bugs in torchrec's pipelines
+benchmark.py     runtime and memory of every pipeline, KJT and TD (``paritykit bench pipelines``)
+plants.py        planted bugs in torchrec's pipelines and in what DMP shares with them
 """
 
 from paritykit.checks.pipeline.assertion import assert_pipeline_parity

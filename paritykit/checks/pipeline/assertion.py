@@ -1,97 +1,50 @@
-"""The pipeline check: a plain loop vs torchrec's train pipelines over the same model and data.
+"""``assert_pipeline_parity``: a model under torchrec's training pipelines trains exactly like a plain loop,
+and that plain loop like the unsharded model.
 
-Oracle: TrainPipelineBase, TrainPipelineSparseDist and every TrainPipelineFusedSparseDist variant
-promise the plain loop's numbers, so per-step predictions and losses, the final (gathered) tables,
-dense parameters and both optimizers' states must be bit-identical. TrainPipelineSemiSync trades
-exactness for speed: its per-step prediction drift and its normalized-entropy (NE) difference are
-measured and must stay within ``SemiSyncBounds``.
+    def my_ranker():                               # module level, so the ranks can build it too
+        return MyRanker(...)                       # forward(batch) -> (loss, prediction)
 
-Negative controls: a position-weighted feature processor under the fused pipeline, with the
-lookup/optimizer overlap the GPU schedule permits (``stream_shim.overlap_optimizer_with_lookup``),
-must be flagged; the planted bugs in plants.py must be caught.
+    paritykit.assert_pipeline_parity(
+        my_ranker,
+        {"user": table_wise(rank=1), "item": column_wise(ranks=[1, 0])},   # or a torchrec ShardingPlan
+        batches,                                   # batches[step][rank], torchrec Pipelineables (ModelInput)
+        pipelines=("sparse_dist", "fused:new", "semi_sync"),
+        pool=rank_pool,                            # optional: a RankPool of len(batches[0]) ranks
+    )
+
+The built-in form ``assert_pipeline_parity(pool, run_spec, pipelines)`` keeps working (told apart by
+its second argument, a RunSpec). Both forms go through one path (parity.py).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
-from paritykit.checks.pipeline.comparison import (
-    DEFAULT_SEMI_SYNC_BOUNDS,
-    REFERENCE,
-    PairComparison,
-    PipelineParityResult,
-    SemiSyncBounds,
-    compare_pair,
-    final_state,
-    fmt_list,
-)
-from paritykit.checks.pipeline.report_files import write_report
-from paritykit.checks.pipeline.runs import EXACT_PIPELINES, FUSED_PIPELINES, PIPELINES, PipelineRun, RunSpec, run_pipeline
-from paritykit.compare import find_differences, format_differences
+from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, REFERENCE, PipelineParityResult, SemiSyncBounds
+from paritykit.checks.pipeline.contract import check_forward_contract, check_pipelineable, model_loss
+from paritykit.checks.pipeline.models import batches_of, builtin_setup
+from paritykit.checks.pipeline.parity import PipelineCase, run_parity_case, with_td_batches
+from paritykit.checks.pipeline.runs import FUSED_PIPELINES, PIPELINES, RunSpec
+from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.devices import resolve_device
+from paritykit.harness.dmp import table_parameters
+from paritykit.harness.optimizers import OptimizerSpec
 
 ALL_PIPELINES = tuple(name for name in PIPELINES if name != REFERENCE)
 
 
-def assert_runs_identical(reference: PipelineRun, candidate: PipelineRun) -> None:
-    """Bit-identical step count, per-step outputs and losses, and final state; else ParityError."""
-    name, ref_name = candidate.spec.pipeline, reference.spec.pipeline
-    if candidate.steps != reference.steps:
-        raise ParityError(
-            f"{name} ran {candidate.steps} steps but {ref_name} ran {reference.steps} over the same "
-            f"{reference.spec.data.num_batches} batches per rank (a batch was dropped or repeated)"
-        )
-    per_step = {"outputs": candidate.outputs, "losses": candidate.losses}
-    expected_steps = {"outputs": reference.outputs, "losses": reference.losses}
-    for label, actual, expected in (
-        ("per-step", per_step, expected_steps),
-        ("final state", final_state(candidate), final_state(reference)),
-    ):
-        differences = find_differences(actual, expected, exact=True, name=name)
-        if differences:
-            raise ParityError(
-                format_differences(
-                    differences,
-                    exact=True,
-                    msg=f"{name} vs {ref_name}: {label} values differ (outputs[step][rank, example]); "
-                    f"the pipeline promises the {ref_name} numbers exactly",
-                )
-            )
+def feature_processed_modules(model: torch.nn.Module) -> list[str]:
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+    return [name for name, module in model.named_modules() if isinstance(module, FeatureProcessedEmbeddingBagCollection)]
 
 
-def assert_semi_sync_within(reference: PipelineRun, semi_sync: PipelineRun, bounds: SemiSyncBounds) -> PairComparison:
-    """Semi-sync runs the same steps, drifts no more than ``bounds``; returns the measured drift."""
-    if semi_sync.steps != reference.steps:
-        raise ParityError(
-            f"{semi_sync.spec.pipeline} ran {semi_sync.steps} steps but {reference.spec.pipeline} ran {reference.steps}"
-        )
-    comparison = compare_pair(reference, semi_sync)
-    # The first batch is looked up before any update on both paths, so it must match exactly.
-    if semi_sync.steps and not torch.equal(semi_sync.outputs[0], reference.outputs[0]):
-        raise ParityError(
-            f"{semi_sync.spec.pipeline}: step 0 predictions differ from {reference.spec.pipeline} by "
-            f"{comparison.output_diff[0]:.4g}; nothing has been updated before step 0, so they must be identical"
-        )
-    if comparison.max_output_diff > bounds.max_output_drift:
-        worst = max(range(len(comparison.output_diff)), key=comparison.output_diff.__getitem__)
-        raise ParityError(
-            f"{semi_sync.spec.pipeline}: prediction drift {comparison.max_output_diff:.4g} at step {worst} exceeds "
-            f"the bound {bounds.max_output_drift} (per-step drift: {fmt_list(comparison.output_diff)})"
-        )
-    if not math.isnan(comparison.ne_difference) and comparison.ne_difference > bounds.max_ne_difference:
-        raise ParityError(
-            f"{semi_sync.spec.pipeline}: NE {comparison.ne_candidate:.6f} vs {comparison.ne_reference:.6f} "
-            f"({reference.spec.pipeline}) differ by {comparison.ne_difference:.4g} > bound {bounds.max_ne_difference}"
-        )
-    return comparison
-
-
-def unsafe_configuration(spec: RunSpec, pipeline: str) -> str:
-    """Why ``pipeline`` is unsafe for ``spec``'s model, or "" when it is not known to be.
+def unsafe_configuration(has_feature_processor: Any, pipeline: str) -> str:
+    """Why ``pipeline`` is unsafe for a model with a feature processor, or "" when it is not known to be.
 
     TrainPipelineFusedSparseDist looks up the next batch's embeddings while the optimizer step of
     the current one runs; it relies on fused TBE having updated the tables in backward. A feature
@@ -99,9 +52,12 @@ def unsafe_configuration(spec: RunSpec, pipeline: str) -> str:
     a GPU the overlapped lookup can read them before or after the update. On CPU everything runs in
     program order, so equal numbers prove nothing; torchrec's own docstring names this case. A
     lookup on the current stream ("fused:current*") is ordered after the optimizer and stays safe.
+    ``has_feature_processor`` may be a RunSpec (the built-in form).
     """
+    if isinstance(has_feature_processor, RunSpec):
+        has_feature_processor = has_feature_processor.model.feature_processor
     lookup_stream = PIPELINES[pipeline][1].get("emb_lookup_stream")
-    if spec.model.feature_processor and pipeline in FUSED_PIPELINES and lookup_stream != "current":
+    if has_feature_processor and pipeline in FUSED_PIPELINES and lookup_stream != "current":
         return (
             f"unsafe configuration: {pipeline} (TrainPipelineFusedSparseDist, emb_lookup_stream={lookup_stream!r}) "
             "with a feature processor: the next batch's lookup overlaps the optimizer step that updates the "
@@ -111,54 +67,126 @@ def unsafe_configuration(spec: RunSpec, pipeline: str) -> str:
     return ""
 
 
-def assert_pipeline_parity(
-    pool: Any,
-    spec: RunSpec | None = None,
-    pipelines: Iterable[str] = ALL_PIPELINES,
-    *,
-    semi_sync_bounds: SemiSyncBounds = DEFAULT_SEMI_SYNC_BOUNDS,
-    report_dir: Path | str | None = None,
-    allow_unsafe: bool = False,
-) -> PipelineParityResult:
-    """Run ``spec`` through the plain loop and each of ``pipelines`` on ``pool``; assert parity.
-
-    Exact pipelines (base, sparse_dist, fused:*) must match the plain loop bit for bit;
-    ``semi_sync`` must stay within ``semi_sync_bounds``. Raises ParityError at the first pipeline
-    that breaks its promise, after writing the report if ``report_dir`` is given.
-
-    A configuration known to be unsafe (see ``unsafe_configuration``) raises ParityError before
-    anything runs, because equal numbers here would not mean it is safe on a GPU; pass
-    ``allow_unsafe=True`` to measure it anyway.
-    """
-    spec = spec or RunSpec()
-    names = list(dict.fromkeys(pipelines))
+def checked_pipelines(pipelines: Iterable[str], has_feature_processor: bool, allow_unsafe: bool) -> tuple[str, ...]:
+    """Known names, in order, once each; ParityError for a known-unsafe one unless allowed."""
+    if isinstance(pipelines, str):
+        pipelines = (pipelines,)
+    names = tuple(dict.fromkeys(pipelines))
     unknown = [n for n in names if n not in ALL_PIPELINES]
     if unknown:
         raise HarnessError(f"unknown pipeline(s) {unknown}; choose from {', '.join(ALL_PIPELINES)}")
-    unsafe = [n for n in names if unsafe_configuration(spec, n)]
+    unsafe = [n for n in names if unsafe_configuration(has_feature_processor, n)]
     if unsafe and not allow_unsafe:
-        raise ParityError(unsafe_configuration(spec, unsafe[0]))
-    result = PipelineParityResult(spec=spec, runs={})
-    reference = run_pipeline(pool, spec.with_pipeline(REFERENCE))
-    result.runs[REFERENCE] = reference
-    failure: ParityError | None = None
-    for name in names:
-        run = run_pipeline(pool, spec.with_pipeline(name))
-        result.runs[name] = run
-        result.comparisons.append(compare_pair(reference, run))
-        if failure is not None:
-            continue
-        try:
-            if name in EXACT_PIPELINES:
-                assert_runs_identical(reference, run)
-            else:
-                assert_semi_sync_within(reference, run, semi_sync_bounds)
-        except ParityError as exc:
-            failure = exc
-            if report_dir is None:
-                raise
-    if report_dir is not None:
-        write_report(result, Path(report_dir))
-    if failure is not None:
-        raise failure
-    return result
+        raise ParityError(unsafe_configuration(has_feature_processor, unsafe[0]))
+    return names
+
+
+def assert_pipeline_parity(
+    model_fn: Callable[[], torch.nn.Module] | Any,
+    plan: Any = None,
+    batches: Any = None,
+    *,
+    pipelines: Iterable[str] = ALL_PIPELINES,
+    pool: Any = None,
+    embedding_optimizer: OptimizerSpec | str | None = None,
+    dense_optimizer: OptimizerSpec | str | None = None,
+    lr: float = DEFAULT_LR,
+    seed: int = 0,
+    td_batches: Any = None,
+    semi_sync_start_batch: int = 0,
+    semi_sync_bounds: SemiSyncBounds = DEFAULT_SEMI_SYNC_BOUNDS,
+    anchor: bool = True,
+    report_dir: Path | str | None = None,
+    allow_unsafe: bool = False,
+) -> PipelineParityResult:
+    """Train ``model_fn()`` sharded by ``plan`` through a plain loop and each of ``pipelines``; ParityError
+    naming pipeline, step, rank, module or key and element at the first broken promise.
+
+    The model's ``forward(batch)`` must return ``(loss, prediction)``, as torchrec's pipelines require
+    (they back-propagate ``torch.sum(loss, dim=0)`` and return the prediction); anything else is a
+    HarnessError before any rank runs. ``batches[step][rank]`` are torchrec Pipelineables (such as
+    ``ModelInput``). ``plan`` maps table names (or module FQNs to tables) to torchrec's
+    ``sharding_plan`` generators, or is a ``ShardingPlan``; a plan or batch mistake is a HarnessError
+    before any rank runs. Tables train with the fused ``embedding_optimizer`` ("sgd", "adagrad",
+    "rowwise_adagrad"), the rest with ``dense_optimizer``, both at ``lr`` (the CPU stream shim
+    applied where needed).
+
+    Promises held: base, sparse_dist and every fused:* pipeline equal the plain loop bit for bit per
+    step (embeddings by key, prediction, loss) and in the final tables, dense parameters and both
+    optimizers' state; semi_sync is exact through batch ``semi_sync_start_batch`` and within
+    ``semi_sync_bounds`` after it. With ``anchor`` the plain loop must also match the unsharded model
+    trained with torchrec's gradient semantics (the sharding engine's reference and tolerance), so a
+    bug shared by DMP and every pipeline cannot hide. ``td_batches`` (the same data with sparse
+    features as TensorDicts) runs every pipeline again, each required to equal its KJT run exactly.
+    A pipeline known to be unsafe for the model (a feature processor under an overlapping fused
+    lookup) is a ParityError before anything runs unless ``allow_unsafe``.
+    """
+    if _is_builtin_form(model_fn, plan):
+        names = batches if batches is not None else pipelines
+        return _assert_builtin(model_fn, plan or RunSpec(), names, semi_sync_bounds, report_dir, allow_unsafe, anchor)
+    if plan is None or batches is None:
+        raise HarnessError("assert_pipeline_parity(model_fn, plan, batches, ...): give the plan and batches[step][rank]")
+    device = resolve_device(getattr(pool, "device", None) or "cpu")
+    setup = build_setup(model_fn, plan, batches, loss_fn=model_loss, embedding_optimizer=embedding_optimizer,
+                        dense_optimizer=dense_optimizer, lr=lr, seed=seed, device=device)
+    model = _checked_model(setup)
+    names = checked_pipelines(pipelines, bool(feature_processed_modules(model)), allow_unsafe)
+    label = getattr(model_fn, "__qualname__", type(model_fn).__name__)
+    case = PipelineCase(setup, names, label, inputs=("kjt", "td") if td_batches is not None else ("kjt",),
+                        semi_sync_start_batch=semi_sync_start_batch, semi_sync_bounds=semi_sync_bounds, anchor=anchor)
+    if td_batches is not None:
+        case = with_td_batches(case, [list(step) for step in td_batches])
+    return run_on_pool(case, pool, report_dir)
+
+
+def _checked_model(setup: Any) -> torch.nn.Module:
+    """The unsharded model, checked in the caller against what the pipelines need of it."""
+    check_pipelineable(setup.batches)
+    model = setup.model_fn()
+    model.load_state_dict(setup.full_state)
+    tables = {id(p) for p in table_parameters(model)}
+    if all(id(p) in tables for p in model.parameters()):
+        raise HarnessError("torchrec's train pipelines step a dense optimizer, and this model has no parameter outside its embedding tables")
+    check_forward_contract(model, setup.batches[0][0])
+    return model
+
+
+def run_on_pool(case: PipelineCase, pool: Any, report_dir: Path | str | None) -> PipelineParityResult:
+    if pool is None:
+        from paritykit.dist import RankPool
+
+        with RankPool(case.setup.world_size, device=case.setup.device) as own_pool:
+            return run_parity_case(case, own_pool, report_dir)
+    if pool.world_size != case.setup.world_size:
+        raise HarnessError(f"the batches are for {case.setup.world_size} ranks (batches[step][rank]); the pool has {pool.world_size}")
+    return run_parity_case(case, pool, report_dir)
+
+
+def _is_builtin_form(first: Any, second: Any) -> bool:
+    """``(pool, RunSpec | None, pipelines)``: a RunSpec second, or a rank pool first with no plan."""
+    if isinstance(second, RunSpec):
+        return True
+    return second is None and (first is None or (hasattr(first, "call") and hasattr(first, "world_size")))
+
+
+def builtin_case(spec: RunSpec, world_size: int, pipelines: tuple[str, ...], **options: Any) -> PipelineCase:
+    """The PipelineCase of a built-in RunSpec (its model, data, device, SemiSync start and input type)."""
+    setup = builtin_setup(spec.model, batches_of(spec.model, spec.data, world_size), spec.device)
+    inputs = {"kjt": ("kjt",), "td": ("td",), "both": ("kjt", "td")}[options.pop("inputs", spec.input_type)]
+    case = PipelineCase(setup, pipelines, _describe(spec), inputs=inputs, semi_sync_start_batch=spec.semi_sync_start_batch,
+                        overlap_optimizer=spec.overlap_optimizer, **options)
+    return with_td_batches(case) if "td" in inputs else case
+
+
+def _assert_builtin(pool: Any, spec: RunSpec, pipelines: Iterable[str], bounds: SemiSyncBounds, report_dir: Any,
+                    allow_unsafe: bool, anchor: bool) -> PipelineParityResult:
+    names = checked_pipelines(pipelines, spec.model.feature_processor, allow_unsafe)
+    if pool is None:
+        raise HarnessError("the built-in form assert_pipeline_parity(pool, spec, pipelines) needs a rank pool")
+    case = builtin_case(spec, pool.world_size, names, semi_sync_bounds=bounds, anchor=anchor)
+    return run_parity_case(case, pool, report_dir)
+
+
+def _describe(spec: RunSpec) -> str:
+    m = spec.model
+    return f"{m.kind} ({'+'.join(m.sharding_types)}, {m.fused_optimizer}+{m.dense_optimizer}, {spec.input_type} batches)"

@@ -1,5 +1,6 @@
-"""The pipeline check's gate entry: every pipeline on both models at each world size, the
-feature-processor negative control, then the drawn matrix."""
+"""The pipeline check's gate entry: at every world size the config asks for, every pipeline on both
+models with the unsharded anchor, TD batches against KJT batches, the feature-processor negative
+control; then the drawn matrix."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from paritykit.checks.pipeline.assertion import REFERENCE, assert_pipeline_parity, assert_runs_identical
+from paritykit.checks.pipeline.assertion import ALL_PIPELINES, builtin_case
 from paritykit.checks.pipeline.models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
-from paritykit.checks.pipeline.runs import FUSED_PIPELINES, RunSpec, run_pipeline
+from paritykit.checks.pipeline.parity import run_parity_case
+from paritykit.checks.pipeline.runs import FUSED_PIPELINES, INPUT_TYPES, RunSpec
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 from paritykit.dist import PoolProvider
 from paritykit.errors import ParityError
 
 NAME = "pipeline"
+# SemiSync in the fixed DLRM case: batches 0..2 must be exact, drift may start at batch 3.
+FIXED_SEMI_SYNC_START_BATCH = 2
+# TD batches through each kind of pipeline (both fused lookup positions), each against its KJT run.
+TD_PIPELINES = ("base", "sparse_dist", "fused:new", "fused:data_dist:after_dd", "semi_sync")
+MAX_DRAWN_START_BATCH = 3
 
 
 def feature_processor_control(pool: Any, spec: RunSpec, pipeline: str = "fused:data_dist") -> str:
@@ -27,10 +34,9 @@ def feature_processor_control(pool: Any, spec: RunSpec, pipeline: str = "fused:d
     permitted lookup/optimizer overlap is *not* flagged as diverging (the check would be blind).
     """
     unsafe = replace(spec, model=replace(spec.model, feature_processor=True, kind="dlrm"), pipeline=pipeline, overlap_optimizer=True)
-    reference = run_pipeline(pool, unsafe.with_pipeline(REFERENCE))
-    fused = run_pipeline(pool, unsafe)
+    case = builtin_case(unsafe, pool.world_size, (pipeline,), anchor=False)
     try:
-        assert_runs_identical(reference, fused)
+        run_parity_case(case, pool)
     except ParityError as exc:
         return str(exc)
     raise ParityError(
@@ -50,8 +56,9 @@ class MatrixCase:
 @st.composite
 def pipeline_cases(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> MatrixCase:
     """A RunSpec over the matrix: world size, sharding types, optimizers, batch sizes, step counts
-    (including fewer batches than the pipeline depth of 3), models. The pipeline field is the fused
-    variant to compare next to sparse_dist and semi_sync."""
+    (including fewer batches than the pipeline depth of 3), models, KJT or TD batches for the
+    pipelines, SemiSync's start batch. The pipeline field is the fused variant to compare next to
+    sparse_dist and semi_sync."""
     model = ModelSpec(
         kind=draw(st.sampled_from(("dlrm", "test-sparse-nn"))),
         sharding_types=tuple(draw(st.lists(st.sampled_from(SHARDING_TYPES), min_size=1, max_size=3))),
@@ -59,9 +66,13 @@ def pipeline_cases(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Ma
         dense_optimizer=draw(st.sampled_from(DENSE_OPTIMIZERS)),
         seed=draw(st.integers(0, 3)),
     )
-    data = DataSpec(batch_size=draw(st.integers(1, 4)), num_batches=draw(st.integers(0, 6)), seed=draw(st.integers(0, 3)))
+    data = DataSpec(batch_size=draw(st.integers(1, 4)), num_batches=draw(st.integers(1, 6)), seed=draw(st.integers(0, 3)))
     world_size = draw(st.sampled_from(world_sizes))
-    return MatrixCase(world_size, RunSpec(model=model, data=data, pipeline=draw(st.sampled_from(FUSED_PIPELINES))))
+    spec = RunSpec(
+        model=model, data=data, pipeline=draw(st.sampled_from(FUSED_PIPELINES)), input_type=draw(st.sampled_from(INPUT_TYPES)),
+        semi_sync_start_batch=draw(st.integers(0, MAX_DRAWN_START_BATCH)),
+    )
+    return MatrixCase(world_size, spec)
 
 
 def case_id(case: MatrixCase) -> str:
@@ -69,53 +80,57 @@ def case_id(case: MatrixCase) -> str:
     m, d = spec.model, spec.data
     return (
         f"ws{case.world_size}/{m.kind}/{'+'.join(m.sharding_types)}/{m.fused_optimizer}+{m.dense_optimizer}"
-        f"/b{d.batch_size}x{d.num_batches}/seed{m.seed},{d.seed}/{spec.pipeline}"
+        f"/b{d.batch_size}x{d.num_batches}/seed{m.seed},{d.seed}/{spec.pipeline}/{spec.input_type}/start{spec.semi_sync_start_batch}"
     )
 
 
-def _fixed_case(case: str, config: GateConfig, body: Any) -> CaseResult:
-    return run_case(NAME, case, config, body)
+def _fixed_specs(config: GateConfig) -> dict[str, tuple[RunSpec, tuple[str, ...], str]]:
+    """case name -> (spec, pipelines, inputs) of the fixed cases at one world size."""
+    dlrm = ModelSpec(num_tables=4, sharding_types=SHARDING_TYPES, fused_optimizer="rowwise_adagrad", seed=config.seed)
+    data = DataSpec(num_batches=6, seed=config.seed)
+    sparse_nn = ModelSpec(kind="test-sparse-nn", sharding_types=SHARDING_TYPES, dense_optimizer="adam", seed=config.seed)
+    # Tables placed out of table order (t0, t2 TW; t1 RW), none duplicated by CW: the TD path's
+    # feature order decides which table a feature reads.
+    td_dlrm = ModelSpec(num_tables=3, sharding_types=("table_wise", "row_wise"), fused_optimizer="rowwise_adagrad", seed=config.seed)
+    return {
+        "dlrm/all-pipelines": (RunSpec(model=dlrm, data=data, semi_sync_start_batch=FIXED_SEMI_SYNC_START_BATCH), ALL_PIPELINES, "kjt"),
+        "test-sparse-nn/all-pipelines": (RunSpec(model=sparse_nn, data=data), ALL_PIPELINES, "kjt"),
+        "dlrm/td-batches": (RunSpec(model=td_dlrm, data=replace(data, num_batches=4), semi_sync_start_batch=1), TD_PIPELINES, "both"),
+    }
 
 
-def _fixed_cases(world_size: int, pool: Any, config: GateConfig) -> list[CaseResult]:
-    """Every pipeline on both models, then the feature-processor negative control, at one world size."""
+def _fixed_cases(world_size: int, pools: PoolProvider, config: GateConfig) -> list[CaseResult]:
+    """The fixed cases, then the feature-processor negative control, at one world size (a pool that
+    cannot start is each case's harness error)."""
     results = []
-    for kind in ("dlrm", "test-sparse-nn"):
-        spec = RunSpec(
-            model=ModelSpec(kind=kind, sharding_types=SHARDING_TYPES, fused_optimizer="rowwise_adagrad", seed=config.seed),
-            data=DataSpec(num_batches=6, seed=config.seed),
-            device=config.device,
-        )
-        report_dir = None if config.report_dir is None else Path(config.report_dir) / f"pipeline_ws{world_size}_{kind}"
-        results.append(
-            _fixed_case(
-                f"ws{world_size}/{kind}/all-pipelines",
-                config,
-                lambda spec=spec, report_dir=report_dir: assert_pipeline_parity(pool, spec, report_dir=report_dir).metrics(),
-            )
-        )
+    for name, (spec, pipelines, inputs) in _fixed_specs(config).items():
+        spec = replace(spec, device=config.device)
+        report_dir = None if config.report_dir is None else Path(config.report_dir) / f"pipeline_ws{world_size}_{name.replace('/', '_')}"
+        case_name = f"ws{world_size}/{name}"
+
+        def body(spec: RunSpec = spec, pipelines: tuple[str, ...] = pipelines, inputs: str = inputs, report_dir: Any = report_dir) -> dict:
+            return run_parity_case(builtin_case(spec, world_size, pipelines, inputs=inputs), pools.get(world_size), report_dir).metrics()
+
+        results.append(run_case(NAME, case_name, config.replay(NAME, case_name), body))
     control_spec = RunSpec(data=DataSpec(num_batches=4, seed=config.seed), device=config.device)
-    results.append(
-        _fixed_case(
-            f"ws{world_size}/negative-control/feature-processor-under-fused",
-            config,
-            lambda: {"flagged": feature_processor_control(pool, control_spec).splitlines()[0]},
-        )
-    )
+    control = f"ws{world_size}/negative-control/feature-processor-under-fused"
+    results.append(run_case(NAME, control, config.replay(NAME, control),
+                            lambda: {"flagged": feature_processor_control(pools.get(world_size), control_spec).splitlines()[0]}))
     return results
 
 
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
-    """Every pipeline on both models at each world size, the feature-processor control, then the matrix."""
-    world_sizes = tuple(w for w in config.world_sizes if 1 <= w <= 4) or (1,)
+    """The fixed cases at every world size the config asks for, then the drawn matrix over them."""
+    world_sizes = tuple(dict.fromkeys(config.world_sizes)) or (1,)
     results = []
     for world_size in world_sizes:
-        results += _fixed_cases(world_size, pools.get(world_size), config)
+        results += _fixed_cases(world_size, pools, config)
 
     def body(case: MatrixCase) -> dict[str, Any]:
         spec = replace(case.spec, device=config.device)
-        pool = pools.get(case.world_size)
-        return assert_pipeline_parity(pool, spec, (spec.pipeline, "sparse_dist", "semi_sync")).metrics()
+        pipelines = (spec.pipeline, "sparse_dist", "semi_sync")
+        return run_parity_case(builtin_case(spec, case.world_size, pipelines), pools.get(case.world_size)).metrics()
 
     results += run_property(NAME, pipeline_cases(world_sizes), body, config, case_id=case_id)
     return results
+

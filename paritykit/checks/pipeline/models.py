@@ -1,28 +1,30 @@
-"""Whole DMP-wrapped models for the pipeline check, and their deterministic per-rank data.
+"""The pipeline check's built-in models, their sharding plans, optimizers and per-rank data.
 
 Two models take the same batch type (torchrec's ``ModelInput``):
-- ``dlrm``: a small DLRM-style model written here: a sharded EmbeddingBagCollection over the
-  unweighted features (optionally with a position-weighted feature processor), a sharded weighted
-  EmbeddingBagCollection over the scored features, a dense MLP and an over-arch to one logit.
+- ``dlrm``: a small DLRM-style model written here: an EmbeddingBagCollection over the unweighted
+  features (optionally with a position-weighted feature processor), a weighted EmbeddingBagCollection
+  over the scored features, a dense MLP and an over-arch to one logit.
 - ``test-sparse-nn``: torchrec's own ``torchrec.distributed.test_utils.test_model.TestSparseNN``.
 
-Everything here runs on a rank with a process group already initialised. Construction is
-deterministic: dense parameters come from ``torch.manual_seed(seed)``, embedding tables and fused
-optimizer state are overwritten from a seeded generator after sharding, so every pipeline starts
-from bit-identical state.
+A built-in model goes through exactly the path of a user's model: ``builtin_setup`` gives the
+sharding engine's ``build_setup`` a model factory, torchrec's own ``sharding_plan`` generators and
+``batches[step][rank]``; the initial state is the factory's model at ``torch.manual_seed(seed)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from paritykit.checks.pipeline.contract import model_loss
+from paritykit.checks.pipeline.sharded import sharded_for_training
+from paritykit.checks.sharding.setup import build_setup
+from paritykit.checks.sharding.training import TrainingSetup
+from paritykit.harness.optimizers import OptimizerSpec
 from paritykit.harness.seeding import generator
-from paritykit.harness.shards import local_pieces, scatter
-from paritykit.harness.tables import table_of_key
 
 SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 FUSED_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
@@ -49,6 +51,8 @@ class ModelSpec:
     feature_processor: bool = False
     max_feature_length: int = 4
     seed: int = 0
+    # Width of the dense MLP and of the over-arch (dlrm only).
+    hidden_dim: int = 8
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -134,15 +138,20 @@ class SmallDLRM(nn.Module):
         else:
             self.sparse = EmbeddingBagCollection(tables, device=device)
         self.weighted = EmbeddingBagCollection(weighted, is_weighted=True, device=device) if weighted else None
-        hidden = 8
+        self.sparse_keys = [_feature(t.name) for t in tables]
+        self.weighted_keys = [_feature(t.name) for t in weighted]
+        hidden = spec.hidden_dim
         self.dense = nn.Sequential(nn.Linear(spec.num_float_features, hidden), nn.ReLU()).to(device)
         sparse_width = spec.embedding_dim * (len(tables) + len(weighted))
         self.over = nn.Sequential(nn.Linear(hidden + sparse_width, hidden), nn.ReLU(), nn.Linear(hidden, 1)).to(device)
 
     def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled = [self.dense(batch.float_features), self.sparse(batch.idlist_features).values()]
+        # By key: a sharded EBC orders its output keys by placement, not by table.
+        sparse = self.sparse(batch.idlist_features).to_dict()
+        pooled = [self.dense(batch.float_features)] + [sparse[key] for key in self.sparse_keys]
         if self.weighted is not None:
-            pooled.append(self.weighted(batch.idscore_features).values())
+            weighted = self.weighted(batch.idscore_features).to_dict()
+            pooled += [weighted[key] for key in self.weighted_keys]
         logit = self.over(torch.cat(pooled, dim=1)).squeeze(-1)
         loss = nn.functional.binary_cross_entropy_with_logits(logit, batch.label)
         return loss, torch.sigmoid(logit)
@@ -165,28 +174,14 @@ def build_unsharded(spec: ModelSpec, device: torch.device) -> nn.Module:
     )
 
 
-def _fused_optimizer(spec: ModelSpec) -> tuple[type, dict[str, Any]]:
-    if spec.fused_optimizer == "sgd":
-        return torch.optim.SGD, {"lr": spec.lr}
-    if spec.fused_optimizer == "adagrad":
-        return torch.optim.Adagrad, {"lr": spec.lr, "eps": 1e-8}
-    from torchrec.optim import RowWiseAdagrad
+@dataclass(frozen=True)
+class ModelFactory:
+    """``model_fn`` for a ModelSpec: a picklable callable returning the fresh unsharded model."""
 
-    return RowWiseAdagrad, {"lr": spec.lr, "eps": 1e-8}
+    spec: ModelSpec
 
-
-def embedding_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """FQN -> every EmbeddingBagCollection-like module the sharder will replace."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
-
-    found: dict[str, nn.Module] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, FeatureProcessedEmbeddingBagCollection):
-            found[name] = module
-        elif isinstance(module, EmbeddingBagCollection) and not any(name.startswith(p + ".") for p in found):
-            found[name] = module
-    return found
+    def __call__(self) -> nn.Module:
+        return build_unsharded(self.spec, torch.device("cpu"))
 
 
 def _sharding_generator(sharding_type: str, table_index: int, world_size: int) -> Any:
@@ -200,73 +195,40 @@ def _sharding_generator(sharding_type: str, table_index: int, world_size: int) -
     return sp.column_wise(ranks=[(table_index + 1) % world_size, table_index % world_size])
 
 
-def sharding_plan(spec: ModelSpec, model: nn.Module, world_size: int, device_type: str) -> Any:
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-    from torchrec.distributed.types import ShardingPlan
-
+def sharding_plan_of(spec: ModelSpec, world_size: int) -> dict[str, Any]:
+    """{table: torchrec ParameterShardingGenerator}: table i gets ``spec.sharding_type_of(i)``."""
     order = spec.table_names() + spec.weighted_table_names()
-    plan = {}
-    for fqn, module in embedding_modules(model).items():
-        tables = _table_names_of(module)
-        per_param = {}
-        for name in tables:
-            index = order.index(name)
-            per_param[name] = _sharding_generator(spec.sharding_type_of(index), index, world_size)
-        plan[fqn] = construct_module_sharding_plan(
-            module, per_param, world_size=world_size, local_size=world_size, device_type=device_type
-        )
-    return ShardingPlan(plan)
+    return {name: _sharding_generator(spec.sharding_type_of(i), i, world_size) for i, name in enumerate(order)}
 
 
-def _table_names_of(module: nn.Module) -> list[str]:
-    ebc = getattr(module, "_embedding_bag_collection", module)
-    return [config.name for config in ebc.embedding_bag_configs()]
+def optimizers_of(spec: ModelSpec) -> tuple[OptimizerSpec, OptimizerSpec]:
+    """(fused embedding optimizer, dense optimizer); Adam steps at a tenth of the learning rate."""
+    dense_lr = spec.lr / 10 if spec.dense_optimizer == "adam" else spec.lr
+    return OptimizerSpec(spec.fused_optimizer, spec.lr), OptimizerSpec(spec.dense_optimizer, dense_lr)
 
 
-def build_sharded(spec: ModelSpec, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """(DMP-wrapped model, dense optimizer). Fused optimizers run inside backward (fused TBE)."""
+def batches_of(spec: ModelSpec, data: DataSpec, world_size: int) -> list[list[Any]]:
+    """``batches[step][rank]`` on the CPU: every rank's ``make_batches``."""
+    per_rank = [make_batches(spec, data, rank, torch.device("cpu")) for rank in range(world_size)]
+    return [[per_rank[rank][step] for rank in range(world_size)] for step in range(data.num_batches)]
+
+
+def builtin_setup(spec: ModelSpec, batches: list[list[Any]], device: str = "cpu") -> TrainingSetup:
+    """The sharding engine's TrainingSetup for a built-in model: the same path as a user's model."""
+    embedding, dense = optimizers_of(spec)
+    return build_setup(
+        ModelFactory(spec), sharding_plan_of(spec, len(batches[0])) if batches else {}, batches, loss_fn=model_loss,
+        embedding_optimizer=embedding, dense_optimizer=dense, seed=spec.seed, device=device,
+    )
+
+
+def build_sharded(spec: ModelSpec, device: torch.device) -> tuple[nn.Module, Any]:
+    """(DMP-wrapped model, dense optimizer) on a rank. Fused optimizers run inside backward (fused TBE)."""
     import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     world_size = dist.get_world_size()
-    model = build_unsharded(spec, device)
-    optim_cls, optim_kwargs = _fused_optimizer(spec)
-    for module in embedding_modules(model).values():
-        ebc = getattr(module, "_embedding_bag_collection", module)
-        apply_optimizer_in_backward(optim_cls, ebc.parameters(), optim_kwargs)
-    plan = sharding_plan(spec, model, world_size, device.type)
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=_sharders())
-    load_deterministic_tables(dmp, spec)
-
-    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    if spec.dense_optimizer == "sgd":
-        dense = KeyedOptimizerWrapper(dense_params, lambda ps: torch.optim.SGD(ps, lr=spec.lr))
-    else:
-        dense = KeyedOptimizerWrapper(dense_params, lambda ps: torch.optim.Adam(ps, lr=spec.lr / 10))
-    return dmp, dense
-
-
-def _sharders() -> list[Any]:
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
-
-    return [EmbeddingBagCollectionSharder(), FeatureProcessedEmbeddingBagCollectionSharder()]
-
-
-def full_table(spec: ModelSpec, name: str) -> torch.Tensor:
-    """The full initial weight of one table, the same on every rank."""
-    weights = torch.rand(spec.num_embeddings, spec.embedding_dim, generator=generator("pipeline-table", spec.seed, name))
-    return weights * 0.2 - 0.1
-
-
-def load_deterministic_tables(dmp: nn.Module, spec: ModelSpec) -> None:
-    """Overwrite every local shard of every table with its slice of ``full_table``."""
-    tables = spec.table_names() + spec.weighted_table_names()
-    pieces = local_pieces(dmp.state_dict(), lambda key: name if (name := table_of_key(key)) in tables else None)
-    scatter(pieces, {name: full_table(spec, name) for name in {p.name for p in pieces}})
+    setup = builtin_setup(spec, batches_of(spec, DataSpec(num_batches=1), world_size), device.type)
+    return sharded_for_training(setup, device)
 
 
 def make_batches(model: ModelSpec, data: DataSpec, rank: int, device: torch.device) -> list[Any]:

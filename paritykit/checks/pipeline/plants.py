@@ -1,8 +1,12 @@
-"""Planted bugs in torchrec's train pipelines, for the pipeline check's negative controls.
+"""Planted bugs in torchrec's train pipelines and in what DMP shares with them, for the pipeline
+check's negative controls.
 
-Each plant changes what a torchrec pipeline class does for the duration of the block (wrapping
-methods of the classes in ``torchrec.distributed.train_pipeline.train_pipelines``); the plain loop
-that serves as the reference is untouched, so the pipeline check must see a difference.
+The first four change what a torchrec pipeline class does (wrapping methods of the classes in
+``torchrec.distributed.train_pipeline.train_pipelines``) while the plain loop stays untouched. The
+last three are the kind the plain-loop comparison alone cannot see: a DMP bug that the plain loop
+shares with every pipeline (the unsharded anchor catches it), a bug on the TensorDict input path
+(TD runs against KJT runs catch it), and a SemiSync start-batch off-by-one (the exact prefix before
+``start_batch`` catches it). Each is patched in for the duration of the block only.
 """
 
 from __future__ import annotations
@@ -139,4 +143,85 @@ def lost_optimizer_state() -> Iterator[None]:
         return progress
 
     with _wrapped_progress(_pipeline_classes("TrainPipelineFusedSparseDist"), wrap):
+        yield
+
+
+# --- bugs the old comparison (each pipeline against a plain loop over the same DMP model and the
+# same input) cannot see: DMP shares them with every pipeline, they sit on the TD input path that
+# both sides took, or they need a SemiSync start batch above 0.
+
+
+# Unannotated on purpose: DDP refuses a comm hook whose annotations are not GradBucket/Future.
+def _sum_without_averaging(process_group, bucket):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda future: future.value()[0])
+
+
+@register("dmp-ddp-sums-dense-gradients", check=CHECK)
+@contextlib.contextmanager
+def dmp_ddp_sums_dense_gradients() -> Iterator[None]:
+    """DMP's data-parallel wrapper all-reduces dense gradients with a comm hook that sums them
+    instead of averaging: on W ranks the dense layers learn W times faster, in the plain loop and
+    every pipeline alike."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torchrec.distributed import model_parallel
+
+    def planted(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _ddp_wrap(self: Any, dmp: Any, env: Any, device: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, dmp, env, device, *args, **kwargs)
+            if isinstance(dmp._dmp_wrapped_module, DistributedDataParallel):
+                dmp._dmp_wrapped_module.register_comm_hook(env.process_group, _sum_without_averaging)
+            return result
+
+        return _ddp_wrap
+
+    with replaced(model_parallel.DefaultDataParallelWrapper, "_ddp_wrap", planted):
+        yield
+
+
+@register("semi-sync-starts-one-batch-early", check=CHECK)
+@contextlib.contextmanager
+def semi_sync_starts_one_batch_early() -> Iterator[None]:
+    """TrainPipelineSemiSync.progress compares the batch index with start_batch - 1: the batch at
+    start_batch is already looked up before the previous batch's backward (start_batch 0 hides it)."""
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def progress(self: Any, dataloader_iter: Any) -> Any:
+            self._start_batch -= 1
+            try:
+                return original(self, dataloader_iter)
+            finally:
+                self._start_batch += 1
+
+        return progress
+
+    with _wrapped_progress(_pipeline_classes("TrainPipelineSemiSync"), wrap):
+        yield
+
+
+@register("td-input-dist-ignores-feature-order", check=CHECK)
+@contextlib.contextmanager
+def td_input_dist_ignores_feature_order() -> Iterator[None]:
+    """A sharded EBC fed a TensorDict builds its KJT in the TensorDict's key order and skips the
+    permutation into its sharding's feature order: once its input dist exists, features whose
+    tables are placed out of table order are looked up in other features' tables."""
+    from tensordict import TensorDictBase
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.sparse.tensor_dict import maybe_td_to_kjt
+
+    def planted(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def input_dist(self: Any, ctx: Any, features: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(features, TensorDictBase):
+                if len(self._features_order) > 0:
+                    self._has_features_permute = False  # as torchrec does, but without reordering the keys
+                features = maybe_td_to_kjt(features, list(features.keys()))
+            return original(self, ctx, features, *args, **kwargs)
+
+        return input_dist
+
+    with replaced(ShardedEmbeddingBagCollection, "input_dist", planted):
         yield

@@ -14,12 +14,12 @@ def write_report(result: PipelineParityResult, directory: Path, prefix: str = "p
     directory.mkdir(parents=True, exist_ok=True)
     written = [_write_csv(result, directory / f"{prefix}_diffs.csv"), _write_markdown(result, directory / f"{prefix}_diffs.md")]
     for comparison in result.comparisons:
-        written.append(_write_plot(comparison, directory / f"{prefix}_drift_{_file_safe(comparison.candidate)}_vs_{comparison.reference}.png"))
+        written.append(_write_plot(comparison, directory / f"{prefix}_drift_{_file_safe(comparison.candidate)}_vs_{_file_safe(comparison.reference)}.png"))
     return written
 
 
 def _file_safe(name: str) -> str:
-    return name.replace(":", "-")
+    return name.replace(":", "-").replace("[", "-").replace("]", "")
 
 
 def _rows(result: PipelineParityResult) -> list[list[Any]]:
@@ -39,15 +39,16 @@ def _write_csv(result: PipelineParityResult, path: Path) -> Path:
 
 
 def _write_markdown(result: PipelineParityResult, path: Path) -> Path:
-    lines = [f"# Pipeline parity: {result.spec.model.kind}, reference `{REFERENCE}`", ""]
-    lines += ["| pipeline | steps | per-step max abs output diff | tables | dense | fused opt state | dense opt state | NE diff |"]
+    lines = [f"# Pipeline parity: {result.label}", ""]
+    if result.anchor:
+        lines += [f"Unsharded anchor (the `{REFERENCE}` loop over DMP vs the unsharded model): {result.anchor}", ""]
+    lines += ["| pipeline | reference | steps | per-step max abs output diff | tables + dense params | fused opt state | dense opt state | NE diff |"]
     lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result.comparisons:
         final = c.final_diff
         lines.append(
-            f"| {c.candidate} | {c.candidate_steps}/{c.reference_steps} | {fmt_list(c.output_diff)} | "
-            f"{final['tables']:.3g} | {final['dense']:.3g} | {final['fused_state']:.3g} | {final['dense_state']:.3g} | "
-            f"{c.ne_difference:.3g} |"
+            f"| {c.candidate} | {c.reference} | {c.candidate_steps}/{c.reference_steps} | {fmt_list(c.output_diff)} | "
+            f"{final['state']:.3g} | {final['fused_state']:.3g} | {final['dense_state']:.3g} | {c.ne_difference:.3g} |"
         )
     path.write_text("\n".join(lines) + "\n")
     return path

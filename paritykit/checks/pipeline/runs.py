@@ -1,14 +1,14 @@
-"""Run one model and one deterministic per-rank dataloader through each training pipeline.
+"""One TrainingSetup through one of torchrec's training pipelines on every rank, recorded.
 
 The runners are torchrec's own classes (TrainPipelineBase, TrainPipelineSparseDist,
-TrainPipelineFusedSparseDist, TrainPipelineSemiSync) and a plain loop written here as the
-reference. Each run records, per step, the prediction returned by the step and the loss the model
-computed; at the end, the full embedding tables (assembled from every rank's shards), the dense
-parameters, the fused optimizer state and the dense optimizer state.
+TrainPipelineFusedSparseDist, TrainPipelineSemiSync). The plain loop they are compared with is the
+sharding engine's own (``paritykit.checks.sharding.training.train_on_rank``: zero_grad, forward,
+the model's loss backward, step), and a pipeline run is recorded in the engine's ``TrainingRecord``
+so that both compare field by field: per step and rank what ``progress()`` returned (the
+prediction), the loss the model computed and what every embedding module returned (by key); after
+the last step the state gathered from the shards, the fused and the dense optimizer state.
 
-``run_pipeline_on_rank`` is the function the rank pool runs; ``run_pipeline(pool, spec)`` calls it
-on every rank and assembles one ``PipelineRun``. On a CPU-only machine the stream-based pipelines
-run inside ``paritykit.harness.cpu_shim.stream_shim()``.
+On a CPU-only machine the stream-based pipelines run inside ``paritykit.harness.cpu_shim.stream_shim()``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,23 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec, build_sharded, make_batches
+from paritykit.checks.pipeline.contract import model_loss
+from paritykit.checks.pipeline.models import DataSpec, ModelSpec
+from paritykit.checks.pipeline.sharded import sharded_for_training
+from paritykit.checks.sharding.outputs import to_cpu
+from paritykit.checks.sharding.probes import EmbeddingProbe
+from paritykit.checks.sharding.training import (
+    TrainingRecord,
+    TrainingSetup,
+    _replicated_optimizer_state,
+    assemble_records,
+    train_on_rank,
+)
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.cpu_shim import overlap_optimizer_with_lookup, stream_shim
 from paritykit.harness.devices import rank_device
-from paritykit.harness.shards import assemble, detached, local_pieces
+from paritykit.harness.dmp import fused_optimizer_pieces, state_pieces, submodules_by_name
+from paritykit.harness.shards import detached, local_pieces
 
 # Name -> (torchrec class name or None for the plain loop, constructor keyword arguments).
 PIPELINES: dict[str, tuple[str | None, dict[str, Any]]] = {
@@ -50,6 +62,7 @@ PIPELINES: dict[str, tuple[str | None, dict[str, Any]]] = {
 FUSED_PIPELINES = tuple(name for name, (cls, _) in PIPELINES.items() if cls == "TrainPipelineFusedSparseDist")
 # Pipelines that promise the plain loop's numbers exactly.
 EXACT_PIPELINES = ("base", "sparse_dist") + FUSED_PIPELINES
+INPUT_TYPES = ("kjt", "td")
 
 # A pipeline that keeps returning steps past the data it was given is broken; stop it here.
 EXTRA_STEPS_ALLOWED = 3
@@ -57,17 +70,19 @@ EXTRA_STEPS_ALLOWED = 3
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One pipeline run: model, data, pipeline name and its options. Picklable."""
+    """A built-in run: model, data, pipeline and its options. Picklable."""
 
     model: ModelSpec = field(default_factory=ModelSpec)
     data: DataSpec = field(default_factory=DataSpec)
     pipeline: str = "plain"
     device: str = "cpu"
-    # TrainPipelineSemiSync: the first batch index that runs semi-synchronously.
+    # TrainPipelineSemiSync: the first batch index whose successor is looked up before its backward.
     semi_sync_start_batch: int = 0
     # Fused pipelines on CPU: make each lookup see optimizer-updated parameters as they were before
-    # the last optimizer step (stream_shim.overlap_optimizer_with_lookup).
+    # the last optimizer step (cpu_shim.overlap_optimizer_with_lookup).
     overlap_optimizer: bool = False
+    # The pipelines' batches: KJTs, or the same data with the unweighted features as TensorDicts.
+    input_type: str = "kjt"
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINES:
@@ -76,81 +91,87 @@ class RunSpec:
             raise ValueError(f"RunSpec.device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.overlap_optimizer and self.pipeline not in FUSED_PIPELINES:
             raise ValueError("overlap_optimizer only applies to the fused pipelines")
+        if self.input_type not in INPUT_TYPES:
+            raise ValueError(f"RunSpec.input_type must be one of {INPUT_TYPES}, got {self.input_type!r}")
+        if self.semi_sync_start_batch < 0:
+            raise ValueError(f"RunSpec.semi_sync_start_batch must be >= 0, got {self.semi_sync_start_batch}")
 
     def with_pipeline(self, pipeline: str) -> "RunSpec":
         return replace(self, pipeline=pipeline, overlap_optimizer=self.overlap_optimizer and pipeline in FUSED_PIPELINES)
 
 
-@dataclass
-class PipelineRun:
-    """Everything one pipeline produced, assembled over ranks.
+@dataclass(frozen=True)
+class PipelineJob:
+    """One setup through one torchrec pipeline (never the plain loop). Picklable."""
 
-    outputs[step]: predictions, shape (world_size, batch_size). losses[step]: shape (world_size,).
-    labels[step]: shape (world_size, batch_size). tables / fused_state: full tensors keyed by name.
-    dense / dense_state: rank 0's values of replicated tensors (replicas are checked to agree).
-    """
-
-    spec: RunSpec
-    outputs: list[torch.Tensor]
-    losses: list[torch.Tensor]
-    labels: list[torch.Tensor]
-    tables: dict[str, torch.Tensor]
-    dense: dict[str, torch.Tensor]
-    fused_state: dict[str, torch.Tensor]
-    dense_state: dict[str, torch.Tensor]
-
-    @property
-    def steps(self) -> int:
-        return len(self.outputs)
+    setup: TrainingSetup
+    pipeline: str
+    semi_sync_start_batch: int = 0
+    overlap_optimizer: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
 # On each rank
 
 
-def run_pipeline_on_rank(spec: RunSpec) -> dict[str, Any]:
-    """Build the model, train it through ``spec.pipeline`` on this rank's batches, record everything."""
+def train_through_pipeline(job: PipelineJob) -> dict[str, Any]:
+    """Shard, train every batch through ``job.pipeline`` on this rank, record as train_on_rank does."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise HarnessError("run_pipeline_on_rank needs an initialised process group (run it through a RankPool)")
-    device = rank_device(spec.device)
-    model, optimizer = build_sharded(spec.model, device)
-    batches = make_batches(spec.model, spec.data, dist.get_rank(), device)
-
+        raise HarnessError("train_through_pipeline needs an initialised process group (run it through a RankPool)")
+    rank, device = dist.get_rank(), rank_device(job.setup.device)
+    model, optimizer = sharded_for_training(job.setup, device)
+    batches = [step[rank] for step in job.setup.batches]
+    probe = EmbeddingProbe(submodules_by_name(model, job.setup.embedding_module_names))
     losses: list[torch.Tensor] = []
-    hook = model.register_forward_hook(lambda _m, _a, out: losses.append(out[0].detach().clone()))
+    embeddings: list[dict[str, Any]] = []
+
+    def record_forward(_module: Any, args: Any, output: Any) -> None:
+        losses.append(model_loss(output).detach().to("cpu").clone())
+        embeddings.append(probe.take())
+
+    hook = model.register_forward_hook(record_forward)
     try:
         with stream_shim():
-            outputs = _train(spec, model, optimizer, batches, device)
+            outputs = _progress_until_exhausted(job, model, optimizer, batches, device)
     finally:
         hook.remove()
+        probe.remove()
     if len(losses) != len(outputs):
-        raise ParityError(f"{spec.pipeline}: the model ran {len(losses)} forwards for {len(outputs)} steps")
+        raise ParityError(f"{job.pipeline}: the model ran {len(losses)} forwards for {len(outputs)} steps")
     return {
-        "outputs": [o.detach().clone() for o in outputs],
+        "outputs": [to_cpu(output) for output in outputs],
         "losses": losses,
-        "labels": [b.label.detach().clone() for b in batches][: len(outputs)],
-        "tables": detached(local_pieces(_sharded_only(model.state_dict()))),
-        "dense": detached(local_pieces(_dense_parameters(model))),
-        "fused_state": detached(local_pieces(_flat_state(model.fused_optimizer.state_dict()["state"]))),
-        "dense_state": detached(local_pieces(_plain_tensors(_flat_state(optimizer.state_dict()["state"])))),
+        "embeddings": embeddings,
+        "probes": [],
+        "state": state_pieces(model),
+        "fused_state": fused_optimizer_pieces(model),
+        # The same selection of dense optimizer state as the plain loop records.
+        "dense_state": detached(local_pieces(_replicated_optimizer_state(model, optimizer.state_dict()["state"]))),
     }
 
 
-def _train(spec: RunSpec, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[torch.Tensor]:
-    if spec.pipeline == "plain":
-        return _plain_loop(model, optimizer, batches)
-    pipeline = make_pipeline(spec, model, optimizer, device)
-    overlap = contextlib.nullcontext()
-    if spec.overlap_optimizer:
-        overlap = overlap_optimizer_with_lookup(pipeline)
-    with overlap:
-        return _progress_until_exhausted(pipeline, iter(batches), limit=len(batches) + EXTRA_STEPS_ALLOWED, name=spec.pipeline)
+def make_torchrec_pipeline(name: str, model: Any, optimizer: Any, device: torch.device, semi_sync_start_batch: int = 0) -> Any:
+    """torchrec's own pipeline object for the pipeline called ``name`` (never the plain loop)."""
+    from torchrec.distributed.train_pipeline import train_pipelines
+
+    class_name, kwargs = PIPELINES[name]
+    if class_name is None:
+        raise ValueError("the plain loop is not a torchrec pipeline")
+    kwargs = dict(kwargs)
+    if class_name == "TrainPipelineSemiSync":
+        kwargs["start_batch"] = semi_sync_start_batch
+    return getattr(train_pipelines, class_name)(model=model, optimizer=optimizer, device=device, **kwargs)
 
 
-def plain_step(model: Any, optimizer: Any, batch: Any) -> torch.Tensor:
-    """One step of the reference loop; returns the prediction. No loss.item(): it adds no sync of its own."""
+def make_pipeline(spec: RunSpec, model: Any, optimizer: Any, device: torch.device) -> Any:
+    """torchrec's pipeline object for a RunSpec (the sync budgets drive pipelines this way)."""
+    return make_torchrec_pipeline(spec.pipeline, model, optimizer, device, spec.semi_sync_start_batch)
+
+
+def plain_step(model: Any, optimizer: Any, batch: Any) -> Any:
+    """One step of a plain loop; returns the prediction. No loss.item(): it adds no sync of its own."""
     optimizer.zero_grad()
     loss, prediction = model(batch)
     loss.backward()
@@ -158,83 +179,37 @@ def plain_step(model: Any, optimizer: Any, batch: Any) -> torch.Tensor:
     return prediction
 
 
-def _plain_loop(model: Any, optimizer: Any, batches: list[Any]) -> list[torch.Tensor]:
-    return [plain_step(model, optimizer, batch) for batch in batches]
-
-
-def make_pipeline(spec: RunSpec, model: Any, optimizer: Any, device: torch.device) -> Any:
-    """torchrec's own pipeline object for ``spec.pipeline`` (never the plain loop)."""
-    from torchrec.distributed.train_pipeline import train_pipelines
-
-    class_name, kwargs = PIPELINES[spec.pipeline]
-    if class_name is None:
-        raise ValueError("the plain loop is not a torchrec pipeline")
-    kwargs = dict(kwargs)
-    if class_name == "TrainPipelineSemiSync":
-        kwargs["start_batch"] = spec.semi_sync_start_batch
-    return getattr(train_pipelines, class_name)(model=model, optimizer=optimizer, device=device, **kwargs)
-
-
-def _progress_until_exhausted(pipeline: Any, batches: Any, limit: int, name: str) -> list[torch.Tensor]:
-    outputs = []
-    while True:
-        try:
-            outputs.append(pipeline.progress(batches))
-        except StopIteration:
-            return outputs
-        if len(outputs) > limit:
-            raise ParityError(f"{name}: still returning steps after {len(outputs)} progress() calls for fewer batches")
-
-
-def _sharded_only(state: dict[str, Any]) -> dict[str, Any]:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    return {key: value for key, value in state.items() if isinstance(value, ShardedTensor)}
-
-
-def _dense_parameters(model: Any) -> dict[str, torch.Tensor]:
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    return dict(in_backward_optimizer_filter(model.named_parameters()))
-
-
-def _flat_state(state: dict[str, Any]) -> dict[str, Any]:
-    flat = {}
-    for param, entries in state.items():
-        for key, value in entries.items():
-            flat[f"{param}/{key}"] = value
-    return flat
-
-
-def _plain_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, value in state.items():
-        out[key] = value.detach().clone() if isinstance(value, torch.Tensor) else torch.tensor(value)
-    return out
+def _progress_until_exhausted(job: PipelineJob, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+    pipeline = make_torchrec_pipeline(job.pipeline, model, optimizer, device, job.semi_sync_start_batch)
+    overlap = overlap_optimizer_with_lookup(pipeline) if job.overlap_optimizer else contextlib.nullcontext()
+    remaining, outputs = iter(batches), []
+    with overlap:
+        while True:
+            try:
+                outputs.append(pipeline.progress(remaining))
+            except StopIteration:
+                return outputs
+            if len(outputs) > len(batches) + EXTRA_STEPS_ALLOWED:
+                raise ParityError(f"{job.pipeline}: still returning steps after {len(outputs)} progress() calls for {len(batches)} batches")
 
 
 # ---------------------------------------------------------------------------------------------
 # In the caller
 
 
-def run_pipeline(pool: Any, spec: RunSpec) -> PipelineRun:
-    """Run ``spec`` on every rank of ``pool`` and assemble the per-rank records into one PipelineRun."""
-    records = pool.call(run_pipeline_on_rank, (spec,), case=f"pipeline {spec.pipeline}")
-    return assemble_run(spec, records)
+def run_plain(pool: Any, setup: TrainingSetup, label: str = "plain") -> TrainingRecord:
+    """The sharding engine's plain loop over the DMP model, on every rank of ``pool``."""
+    return _assembled(pool.call(train_on_rank, (setup,), case=f"pipeline {label}"), label)
 
 
-def assemble_run(spec: RunSpec, records: list[dict[str, Any]]) -> PipelineRun:
-    steps = {len(r["outputs"]) for r in records}
-    if len(steps) != 1:
-        raise ParityError(f"{spec.pipeline}: ranks ran different numbers of steps: {[len(r['outputs']) for r in records]}")
-    (n,) = steps
-    return PipelineRun(
-        spec=spec,
-        outputs=[torch.stack([r["outputs"][i] for r in records]) for i in range(n)],
-        losses=[torch.stack([r["losses"][i] for r in records]) for i in range(n)],
-        labels=[torch.stack([r["labels"][i] for r in records]) for i in range(n)],
-        tables=assemble([r["tables"] for r in records], f"{spec.pipeline}: tables"),
-        dense=assemble([r["dense"] for r in records], f"{spec.pipeline}: dense parameters"),
-        fused_state=assemble([r["fused_state"] for r in records], f"{spec.pipeline}: fused optimizer state"),
-        dense_state=assemble([r["dense_state"] for r in records], f"{spec.pipeline}: dense optimizer state"),
-    )
+def run_pipeline(pool: Any, job: PipelineJob, label: str | None = None) -> TrainingRecord:
+    """``job`` on every rank of ``pool``, assembled into one TrainingRecord."""
+    label = label or job.pipeline
+    return _assembled(pool.call(train_through_pipeline, (job,), case=f"pipeline {label}"), label)
+
+
+def _assembled(per_rank: list[dict[str, Any]], label: str) -> TrainingRecord:
+    steps = [len(record["outputs"]) for record in per_rank]
+    if len(set(steps)) != 1:
+        raise ParityError(f"{label}: ranks ran different numbers of steps: {steps}")
+    return assemble_records(per_rank)

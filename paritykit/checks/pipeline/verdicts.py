@@ -1,0 +1,109 @@
+"""The pipeline check's verdicts, each a ParityError that names step, rank, module or key and element.
+
+- ``assert_identical``: a pipeline that promises the plain loop's numbers (TrainPipelineBase,
+  SparseDist, every FusedSparseDist variant), or a TD run against the same pipeline's KJT run, is
+  bit-identical per step (embeddings by key, prediction, loss) and in its final state (tables
+  gathered from the shards, dense parameters, fused and dense optimizer state).
+- ``assert_semi_sync``: TrainPipelineSemiSync is bit-identical up to and including batch
+  ``start_batch`` (every lookup until then follows the previous update), then drifts within
+  ``SemiSyncBounds``.
+- ``assert_anchor``: the plain loop over the DMP model matches the UNSHARDED model trained with
+  torchrec's gradient semantics (the sharding engine's reference and its stated tolerance), so a bug
+  that DMP shares with every pipeline cannot cancel out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from paritykit.checks.pipeline.comparison import PairComparison, SemiSyncBounds, compare_pair, fmt_list
+from paritykit.checks.sharding.comparison import Tolerance, compare_records, final_problems, per_step_problems
+from paritykit.checks.sharding.tolerances import tolerance_for
+from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
+from paritykit.errors import ParityError
+
+# Every compared number bit for bit.
+EXACT_TOLERANCE = Tolerance()
+
+
+def _steps_problem(reference: TrainingRecord, candidate: TrainingRecord, names: tuple[str, str]) -> str | None:
+    if len(candidate.outputs) == len(reference.outputs):
+        return None
+    return (f"{names[1]} ran {len(candidate.outputs)} steps but {names[0]} ran {len(reference.outputs)} over the same "
+            "batches (a batch was dropped or repeated)")
+
+
+def _raise(problems: list[str], names: tuple[str, str], what: str) -> None:
+    shown = problems[:4] + ([f"... and {len(problems) - 4} more"] if len(problems) > 4 else [])
+    raise ParityError(f"{names[1]} vs {names[0]}: {what}\n" + "\n".join(shown))
+
+
+def assert_identical(reference: TrainingRecord, candidate: TrainingRecord, names: tuple[str, str], promise: str) -> None:
+    """Bit-identical step count, per-step embeddings, predictions and losses, and final state."""
+    steps = _steps_problem(reference, candidate, names)
+    if steps:
+        raise ParityError(steps)
+    per_step = per_step_problems(candidate, reference, EXACT_TOLERANCE)
+    if per_step:
+        _raise(per_step, names, f"per-step values differ (step, rank, then what differs); {promise}")
+    final = final_problems(candidate, reference, EXACT_TOLERANCE)
+    if final:
+        _raise(final, names, f"final state differs; {promise}")
+
+
+def _prefix(record: TrainingRecord, steps: int) -> TrainingRecord:
+    return replace(record, outputs=record.outputs[:steps], losses=record.losses[:steps], embeddings=record.embeddings[:steps],
+                   state={}, fused_state={}, dense_state={})
+
+
+def assert_semi_sync(
+    reference: TrainingRecord, semi_sync: TrainingRecord, names: tuple[str, str], bounds: SemiSyncBounds,
+    start_batch: int, labels: Any = None,
+) -> PairComparison:
+    """Exact through batch ``start_batch``, then within ``bounds``; returns the measured drift."""
+    steps = _steps_problem(reference, semi_sync, names)
+    if steps:
+        raise ParityError(steps)
+    exact_steps = min(start_batch + 1, len(reference.outputs))
+    early = per_step_problems(_prefix(semi_sync, exact_steps), _prefix(reference, exact_steps), EXACT_TOLERANCE)
+    if early:
+        _raise(early, names, f"steps 0..{exact_steps - 1} differ; with start_batch={start_batch} every lookup up to batch "
+                             f"{start_batch} follows the previous batch's update, so they must be identical")
+    comparison = compare_pair(reference, semi_sync, names, labels)
+    if comparison.max_output_diff > bounds.max_output_drift:
+        worst = max(range(len(comparison.output_diff)), key=comparison.output_diff.__getitem__)
+        raise ParityError(
+            f"{names[1]}: prediction drift {comparison.max_output_diff:.4g} at step {worst} exceeds the bound "
+            f"{bounds.max_output_drift} (per-step drift from {names[0]}: {fmt_list(comparison.output_diff)})"
+        )
+    if not math.isnan(comparison.ne_difference) and comparison.ne_difference > bounds.max_ne_difference:
+        raise ParityError(
+            f"{names[1]}: NE {comparison.ne_candidate:.6f} vs {comparison.ne_reference:.6f} ({names[0]}) differ by "
+            f"{comparison.ne_difference:.4g} > bound {bounds.max_ne_difference}"
+        )
+    return comparison
+
+
+def anchor_unsound(setup: TrainingSetup) -> str:
+    """Why the sharding engine's norm-wise bound cannot hold the anchor of ``setup``, or "".
+
+    The bound scales roundoff with each tensor's largest element. Element-wise Adagrad divides every
+    table element's step by that element's own gradient history, so an element whose gradient is a
+    near-cancellation (terms of 1e-3 summing to 1e-6, say) turns its relative roundoff of 1e-4 into a
+    full-size step: measured in 6 of 36 drawn DMP-vs-unsharded runs with Adagrad tables and Adam
+    dense layers, none of 180 with SGD or row-wise Adagrad tables (docs/pipeline.md).
+    """
+    if setup.embedding_optimizer.name == "adagrad":
+        return ("element-wise Adagrad tables: a near-cancelling gradient element's roundoff becomes a full-size step, "
+                "beyond the sharding engine's norm-wise bound")
+    return ""
+
+
+def assert_anchor(setup: TrainingSetup, plain: TrainingRecord, reference: TrainingRecord, header: str) -> dict[str, Any]:
+    """The plain loop over DMP against the unsharded ``reference`` (the sharding engine's
+    ``train_reference``: the unsharded model trained with torchrec's gradient semantics)."""
+    tolerance = tolerance_for(setup)
+    metrics = compare_records(plain, reference, tolerance, f"unsharded anchor, {header}: the plain loop over the DMP model")
+    return {**metrics, "tolerance": tolerance.outputs.describe()}
