@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import hypothesis._settings as hypothesis_settings_module
 import pytest
 
 from paritykit.gate.profiles import PROFILE_ENV, PROFILE_EXAMPLES
@@ -90,7 +91,9 @@ POOL_SUITE = textwrap.dedent(
 def _run_suite(tmp_path: Path, source: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_suite.py").write_text(source)
-    environment = {key: value for key, value in os.environ.items() if key != PROFILE_ENV}
+    # Hypothesis loads its own "ci" profile where it sees a CI variable: the sub-suite must not.
+    ci_variables = set(getattr(hypothesis_settings_module, "_CI_VARS", {"CI": None}))
+    environment = {key: value for key, value in os.environ.items() if key != PROFILE_ENV and key not in ci_variables}
     environment.update(env or {}, OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_suite.py"],

@@ -176,7 +176,7 @@ def test_a_difference_in_final_state_is_reported_with_its_location(rank_pool):
 
 def test_an_exception_in_paritykits_own_comparison_is_a_harness_error_not_a_finding():
     from paritykit.checks.pipeline.parity import ours
-    from paritykit.checks.runner import run_case
+    from paritykit.checks.runner import GateConfig, run_case
 
     def broken_comparison(reference, candidate):
         return reference["missing"]
@@ -186,5 +186,5 @@ def test_an_exception_in_paritykits_own_comparison_is_a_harness_error_not_a_find
     # A finding passes through unchanged.
     with pytest.raises(ParityError, match="differs"):
         ours(lambda: (_ for _ in ()).throw(ParityError("differs")))
-    result = run_case("pipeline", "case", "-", lambda: ours(broken_comparison, {}, {}))
+    result = run_case("pipeline", "case", GateConfig(), lambda: ours(broken_comparison, {}, {}))
     assert result.status == "error"

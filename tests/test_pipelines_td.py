@@ -20,7 +20,7 @@ from paritykit.checks.pipeline.td_input import (
     weighted_td_unsupported,
 )
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import run_case
+from paritykit.checks.runner import GateConfig, run_case
 from paritykit.compare import assert_close
 from paritykit.convert import kjt_to_td, td_to_kjt
 from paritykit.errors import HarnessError, RankFailure, UnsupportedByTorchrec
@@ -98,7 +98,7 @@ def test_a_torchrec_without_td_conversion_makes_td_cases_unsupported_before_any_
     assert "maybe_td_to_kjt is missing" in td_input_unsupported()
     spec = RunSpec(model=TD_MODEL, data=DataSpec(num_batches=2))
     # No pool: the case is refused while it is being built.
-    result = run_case("pipeline", "td", "-", lambda: builtin_case(spec, 2, ("sparse_dist",), inputs="both"))
+    result = run_case("pipeline", "td", GateConfig(), lambda: builtin_case(spec, 2, ("sparse_dist",), inputs="both"))
     assert (result.status, result.message) == ("unsupported", "this torchrec has no TensorDict input (torchrec.sparse.tensor_dict.maybe_td_to_kjt is missing)")
     assert isinstance(result, CaseResult)
 

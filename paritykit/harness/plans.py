@@ -82,6 +82,30 @@ def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: in
     return normalized
 
 
+ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
+
+
+def has_shard_without_rows(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> bool:
+    """Whether a row-sharded table has fewer rows than its shards need (torchrec gives a rank ceil(n/W)
+    rows in turn, so a rank can be left none)."""
+    return world_size > 1 and any(
+        plan[t.name][0] in ROW_WISE_FAMILY and t.num_embeddings <= (world_size - 1) * -(-t.num_embeddings // world_size)
+        for t in tables
+    )
+
+
+def with_rows_for_every_rank(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> tuple:
+    """The tables with each row-sharded one grown to a multiple of ``world_size`` rows, so that no rank
+    gets an empty shard (fbgemm's CPU kernel refuses one: a known torchrec/fbgemm CPU issue)."""
+    import dataclasses
+
+    return tuple(
+        dataclasses.replace(t, num_embeddings=world_size * -(-t.num_embeddings // world_size))
+        if plan[t.name][0] in ROW_WISE_FAMILY else t
+        for t in tables
+    )
+
+
 def describe_plan(plan: Mapping[str, Any]) -> str:
     """A compact, replayable rendering: {'t0': column_wise(0,1,0), 't1': table_wise(1)}."""
     parts = []

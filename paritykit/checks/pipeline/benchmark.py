@@ -92,8 +92,34 @@ def label(pipeline: str) -> str:
 # On each rank
 
 
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``VmRSS``/``VmHWM`` line of /proc/self/status in bytes (None off Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next((line for line in status if line.startswith(field + ":")), None)
+    except OSError:
+        return None
+    return None if line is None else int(line.split()[1]) * 1024
+
+
+def _start_rss_window() -> int:
+    """Reset the peak resident set to the current one (Linux: clear_refs 5), so the peak read after
+    the run is this run's, not the import's; returns the resident set at the start."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    return _proc_status_bytes("VmRSS") or _rusage_peak_bytes()
+
+
 def _peak_rss_bytes() -> int:
-    """This process' peak resident set (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    return _proc_status_bytes("VmHWM") or _rusage_peak_bytes()
+
+
+def _rusage_peak_bytes() -> int:
+    """Lifetime peak resident set where /proc is missing (ru_maxrss: KiB on Linux, bytes on macOS);
+    it cannot be reset, so the growth it gives is a lower bound."""
     import resource
     import sys
 
@@ -136,7 +162,7 @@ def time_pipeline_on_rank(job: BenchJob) -> dict[str, Any]:
 
     rank, device = dist.get_rank(), rank_device(job.setup.device)
     batches = _rank_batches(job, rank)
-    rss_before = _peak_rss_bytes()
+    rss_before = _start_rss_window()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model, optimizer = sharded_for_training(job.setup, device)

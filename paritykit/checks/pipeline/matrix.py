@@ -111,10 +111,10 @@ def _fixed_cases(world_size: int, pools: PoolProvider, config: GateConfig) -> li
         def body(spec: RunSpec = spec, pipelines: tuple[str, ...] = pipelines, inputs: str = inputs, report_dir: Any = report_dir) -> dict:
             return run_parity_case(builtin_case(spec, world_size, pipelines, inputs=inputs), pools.get(world_size), report_dir).metrics()
 
-        results.append(run_case(NAME, case_name, config.replay(NAME, case_name), body))
+        results.append(run_case(NAME, case_name, config, body))
     control_spec = RunSpec(data=DataSpec(num_batches=4, seed=config.seed), device=config.device)
     control = f"ws{world_size}/negative-control/feature-processor-under-fused"
-    results.append(run_case(NAME, control, config.replay(NAME, control),
+    results.append(run_case(NAME, control, config,
                             lambda: {"flagged": feature_processor_control(pools.get(world_size), control_spec).splitlines()[0]}))
     return results
 

@@ -13,11 +13,10 @@ from typing import Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.harness.plans import ROW_WISE_FAMILY, has_shard_without_rows, with_rows_for_every_rank
 from paritykit.harness.tables import TableSpec
 
 ROW_WISE_KINDS = ("row_wise", "table_row_wise")
-# Shardings whose output is a reduce-scatter of partial pools (row shards).
-ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
 
 
 @dataclass(frozen=True)
@@ -97,21 +96,11 @@ def _vbe_mixed_pooling(case: ShardingCase) -> bool:
 
 
 def _empty_row_shard(case: ShardingCase) -> bool:
-    world = case.world_size
-    return any(
-        case.plan[t.name][0] in ROW_WISE_FAMILY and world > 1 and t.num_embeddings <= (world - 1) * -(-t.num_embeddings // world)
-        for t in case.tables
-    )
+    return has_shard_without_rows(case.tables, case.plan, case.world_size)
 
 
 def _rows_for_every_rank(case: ShardingCase) -> ShardingCase:
-    world = case.world_size
-    tables = tuple(
-        dataclasses.replace(t, num_embeddings=world * -(-t.num_embeddings // world))
-        if case.plan[t.name][0] in ROW_WISE_FAMILY else t
-        for t in case.tables
-    )
-    return dataclasses.replace(case, tables=tables)
+    return dataclasses.replace(case, tables=with_rows_for_every_rank(case.tables, case.plan, case.world_size))
 
 
 def _ec_data_parallel(case: ShardingCase) -> bool:
