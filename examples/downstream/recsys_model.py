@@ -1,24 +1,34 @@
-"""The downstream project's own model: two sparse features pooled by an EBC, then an MLP."""
+"""The downstream project's own model: three sparse features pooled by an EBC, then an MLP.
+
+The MLP reads the pooled embeddings by feature name (``to_dict()``): a sharded EBC returns its
+KeyedTensor keys in the order of the plan's placements, so ``.values()`` read by position would mix
+features up once the model is sharded (paritykit says so when it sees it).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
-FEATURES = ("user_history", "item_tags")
-VOCAB = {"user_history": 50, "item_tags": 20}
+FEATURES = ("user_history", "item_tags", "ad_id")
+VOCAB = {"user_history": 50, "item_tags": 20, "ad_id": 30}
+TABLES = {"history": "user_history", "tags": "item_tags", "ads": "ad_id"}
 EMBEDDING_DIM = 8
+DENSE_FEATURES = 2
 
 
 def embedding_tables() -> list[EmbeddingBagConfig]:
+    pooling = {"history": PoolingType.MEAN, "tags": PoolingType.SUM, "ads": PoolingType.SUM}
     return [
-        EmbeddingBagConfig(name="history", embedding_dim=EMBEDDING_DIM, num_embeddings=VOCAB["user_history"],
-                           feature_names=["user_history"], pooling=PoolingType.MEAN),
-        EmbeddingBagConfig(name="tags", embedding_dim=EMBEDDING_DIM, num_embeddings=VOCAB["item_tags"],
-                           feature_names=["item_tags"], pooling=PoolingType.SUM),
+        EmbeddingBagConfig(name=table, embedding_dim=EMBEDDING_DIM, num_embeddings=VOCAB[feature],
+                           feature_names=[feature], pooling=pooling[table])
+        for table, feature in TABLES.items()
     ]
 
 
@@ -27,7 +37,45 @@ class RankingModel(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.sparse = EmbeddingBagCollection(tables=embedding_tables())
-        self.head = nn.Sequential(nn.Linear(2 * EMBEDDING_DIM, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.head = nn.Sequential(nn.Linear(len(FEATURES) * EMBEDDING_DIM, 8), nn.ReLU(), nn.Linear(8, 1))
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        return self.head(self.sparse(features).values()).squeeze(-1)
+        pooled = self.sparse(features).to_dict()
+        return self.head(torch.cat([pooled[name] for name in FEATURES], dim=1)).squeeze(-1)
+
+
+@dataclass
+class Batch(Pipelineable):
+    """What the data loader yields: torchrec's training pipelines move it with ``to``."""
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    label: torch.Tensor
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.dense.to(device, non_blocking=non_blocking), self.sparse.to(device, non_blocking=non_blocking),
+                     self.label.to(device, non_blocking=non_blocking))
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for tensor in (self.dense, self.label):
+            tensor.record_stream(stream)
+        self.sparse.record_stream(stream)
+
+    def pin_memory(self) -> "Batch":
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.label.pin_memory())
+
+
+class TrainingModel(nn.Module):
+    """The model as our trainer runs it: dense features beside the sparse ones, forward returns
+    (loss, prediction) as torchrec's pipelines require."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.sparse = EmbeddingBagCollection(tables=embedding_tables())
+        self.head = nn.Sequential(nn.Linear(len(FEATURES) * EMBEDDING_DIM + DENSE_FEATURES, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.sparse(batch.sparse).to_dict()
+        logit = self.head(torch.cat([batch.dense] + [pooled[name] for name in FEATURES], dim=1)).squeeze(-1)
+        return nn.functional.binary_cross_entropy_with_logits(logit, batch.label), torch.sigmoid(logit)

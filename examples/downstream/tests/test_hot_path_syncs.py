@@ -14,7 +14,8 @@ def host_batch():
     # Prepared on the host, as a data loader would: lengths known in Python, metadata from them.
     history = JaggedTensor(values=torch.tensor([1, 2, 3, 4]), lengths=torch.tensor([3, 1]))
     tags = JaggedTensor(values=torch.tensor([5, 6]), lengths=torch.tensor([0, 2]))
-    return paritykit.on_host({"user_history": history, "item_tags": tags})
+    ads = JaggedTensor(values=torch.tensor([7, 8]), lengths=torch.tensor([1, 1]))
+    return paritykit.on_host({"user_history": history, "item_tags": tags, "ad_id": ads})
 
 
 def test_forward_on_a_batch_prepared_on_the_host_makes_no_sync(paritykit_device):
@@ -26,9 +27,9 @@ def test_forward_on_a_batch_prepared_on_the_host_makes_no_sync(paritykit_device)
 
 def test_a_kjt_without_metadata_costs_one_sync_and_the_guard_names_it(paritykit_device):
     kjt = KeyedJaggedTensor(
-        keys=["user_history", "item_tags"],
-        values=torch.tensor([1, 2, 3, 4, 5, 6], device=paritykit_device),
-        lengths=torch.tensor([3, 1, 0, 2], device=paritykit_device),
+        keys=["user_history", "item_tags", "ad_id"],
+        values=torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], device=paritykit_device),
+        lengths=torch.tensor([3, 1, 0, 2, 1, 1], device=paritykit_device),
     )
     with pytest.raises(paritykit.ParityError, match="_maybe_compute_length_per_key"):
         with paritykit.sync_guard(max_syncs=0):
