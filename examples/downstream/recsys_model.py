@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
@@ -42,6 +42,29 @@ class RankingModel(nn.Module):
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled = self.sparse(features).to_dict()
         return self.head(torch.cat([pooled[name] for name in FEATURES], dim=1)).squeeze(-1)
+
+
+SEQUENCE_FEATURES = ("query_words", "title_words")
+SEQUENCE_VOCAB = {"query_words": 40, "title_words": 30}
+
+
+class SequenceModel(nn.Module):
+    """Our search model: an EmbeddingCollection looks up every word of the query and the title
+    (unpooled), and a linear layer scores each word."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        tables = {"words": "query_words", "titles": "title_words"}
+        self.sequence = EmbeddingCollection(tables=[
+            EmbeddingConfig(name=table, embedding_dim=EMBEDDING_DIM, num_embeddings=SEQUENCE_VOCAB[feature], feature_names=[feature])
+            for table, feature in tables.items()
+        ])
+        self.score = nn.Linear(EMBEDDING_DIM, 1)
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        words = self.sequence(features)
+        return torch.cat([self.score(words[name].values()).squeeze(-1) for name in SEQUENCE_FEATURES])
 
 
 @dataclass

@@ -10,7 +10,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 import paritykit
 from paritykit import strategies as pks
-from recsys_model import DENSE_FEATURES, FEATURES, VOCAB, Batch, RankingModel, TrainingModel, embedding_tables
+from recsys_model import (DENSE_FEATURES, FEATURES, SEQUENCE_VOCAB, VOCAB, Batch, RankingModel, SequenceModel,
+                          TrainingModel, embedding_tables)
 
 # How we shard in production: tags column-wise with its shards on ranks 1 then 0, ads row-wise,
 # history (MEAN pooled) table-wise.
@@ -25,17 +26,21 @@ def training_model() -> TrainingModel:
     return TrainingModel(seed=5)
 
 
-def kjt_batches(steps: int = 3, world_size: int = 2, batch_size: int = 3, seed: int = 0) -> list[list[KeyedJaggedTensor]]:
+def sequence_model() -> SequenceModel:
+    return SequenceModel(seed=5)
+
+
+def kjt_batches(steps: int = 3, world_size: int = 2, batch_size: int = 3, seed: int = 0, vocab: dict = VOCAB) -> list[list[KeyedJaggedTensor]]:
     """``batches[step][rank]``: every rank reads its own batch, as a data loader would feed it."""
     source = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(steps):
         per_rank = []
         for _ in range(world_size):
-            lengths = torch.randint(0, 4, (len(FEATURES) * batch_size,), generator=source)
+            lengths = torch.randint(0, 4, (len(vocab) * batch_size,), generator=source)
             chunks = torch.split(lengths, batch_size)
-            values = torch.cat([torch.randint(0, VOCAB[f], (int(c.sum()),), generator=source) for f, c in zip(FEATURES, chunks)])
-            per_rank.append(KeyedJaggedTensor(keys=list(FEATURES), values=values, lengths=lengths))
+            values = torch.cat([torch.randint(0, rows, (int(c.sum()),), generator=source) for rows, c in zip(vocab.values(), chunks)])
+            per_rank.append(KeyedJaggedTensor(keys=list(vocab), values=values, lengths=lengths))
         out.append(per_rank)
     return out
 
@@ -55,6 +60,14 @@ def test_our_production_plan_trains_three_steps_like_the_unsharded_model(rank_po
     compared = paritykit.assert_sharded_matches_unsharded(ranking_model, PRODUCTION_PLAN, kjt_batches(), pool=rank_pool,
                                                           embedding_optimizer=optimizer)
     assert compared["steps"] == 3 and compared["ranks"] == 2
+
+
+@pytest.mark.world_size(2)
+def test_our_sequence_model_sharded_row_and_column_wise_trains_like_the_unsharded_one(rank_pool):
+    plan = {"words": row_wise(), "titles": column_wise(ranks=[1, 0])}
+    batches = kjt_batches(vocab=SEQUENCE_VOCAB)
+    compared = paritykit.assert_sharded_matches_unsharded(sequence_model, plan, batches, pool=rank_pool, embedding_optimizer="adagrad")
+    assert compared["steps"] == 3
 
 
 @pytest.mark.world_size(2)
