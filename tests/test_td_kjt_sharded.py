@@ -275,3 +275,15 @@ def test_table_row_wise_tables_are_sharded_with_the_cases_kernel(rank_pool) -> N
     case = pinned_cases(2, "cpu")[2]
     assert case.plan["t1"] == ("table_row_wise", 0) and case.kernel == "fused"
     assert rank_pool.run(plan_kernels_on_rank, case) == [{"t0": "fused", "t1": "fused", "t2": "fused"}] * 2
+
+
+def test_on_cpu_every_row_sharded_table_gets_rows_on_every_rank_and_other_tables_keep_theirs():
+    # fbgemm's CPU kernel refuses an empty row-wise shard (the sharding check runs that known issue on
+    # purpose): at world size 10 an 8-row row-wise table would leave two ranks without rows.
+    tables = (TableSpec("t0", 8, 4, ("f0",)), TableSpec("t1", 6, 4, ("f1",)), TableSpec("t2", 7, 4, ("f2", "f3")))
+    plan = {"t0": ("row_wise",), "t1": ("table_row_wise", 0), "t2": ("table_wise", 3)}
+    on_cpu = pinned_case("ebc", 10, "cpu", tables, plan, "fused")
+    assert [t.num_embeddings for t in on_cpu.tables] == [10, 10, 7]
+    assert "t0[10x4 f0 SUM]" in on_cpu.describe()
+    on_cuda = pinned_case("ebc", 10, "cuda", tables, plan, "fused")
+    assert [t.num_embeddings for t in on_cuda.tables] == [8, 6, 7]  # GPU kernels take empty shards

@@ -153,11 +153,15 @@ def environment() -> dict[str, str]:
 
 def run_info(args: argparse.Namespace) -> int:
     from paritykit.checks import available_checks
+    from paritykit.dist.capacity import describe_host
     from paritykit.harness.cpu_shim import shim_needed, shim_patches
 
     for key, value in environment().items():
         print(f"{key:<16} {value}")
     print(f"{'checks':<16} {', '.join(available_checks())}")
+    print("rank capacity (how many ranks a RankPool may start here):")
+    for line in describe_host().splitlines():
+        print(f"  {line}")
     if shim_needed():
         needed = [p.name for p in shim_patches() if p.needed]
         print(f"{'cpu stream shim':<16} patches {', '.join(needed) or 'nothing'} (what this torch/torchrec lack on CPU); "

@@ -88,7 +88,7 @@ def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanR
 def _headline(case: CaseResult) -> str:
     """The line of a failure that says what differed: a located difference if there is one."""
     lines = [line.strip() for line in case.message.splitlines() if line.strip()]
-    located = [line for line in lines if line.startswith(("[value]", "[structure]"))]
+    located = [line for line in lines if line.startswith(("[value]", "[structure]", "[vs-unsharded]"))]
     return (located or lines or [case.case_id])[0]
 
 
