@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from paritykit.checks.pipeline.models import DataSpec
-from paritykit.checks.pipeline.runs import RunSpec, run_pipeline
+from paritykit.checks.pipeline.assertion import builtin_case
+from paritykit.checks.pipeline.runs import PipelineJob, RunSpec, run_pipeline
 from paritykit.checks.runner import GateConfig, result_from_exception, run_case
 from paritykit.errors import HarnessError, ShimGap
 from paritykit.harness.cpu_shim import shim_patches, stream_shim, without_patches
@@ -85,10 +86,11 @@ def _lookup_reads_stream_device() -> bool:
     "needs a torchrec whose fused embedding lookup reads stream.device "
     "(train_pipeline.utils._start_embedding_lookup_stream_synced, torchrec 1.9); this torchrec has none"))
 def test_a_torchrec_that_reads_the_cpu_streams_device_is_a_harness_error_without_that_patch(rank_pool):
-    spec = RunSpec(data=DataSpec(num_batches=2), pipeline="fused:data_dist")
+    spec = RunSpec(data=DataSpec(num_batches=2))
+    job = PipelineJob(builtin_case(spec, 2, ("fused:data_dist",)).setup, "fused:data_dist")
     with without_patches("cpu-stream-device"):
-        result = run_case("pipeline", "fused", GateConfig(), lambda: run_pipeline(rank_pool, spec).steps)
+        result = run_case("pipeline", "fused", GateConfig(), lambda: {"steps": len(run_pipeline(rank_pool, job).outputs)})
     assert result.status == "error"
     assert "does not cover torch.cpu.Stream.device" in result.message
     assert "_start_embedding_lookup_stream_synced" in result.message
-    assert run_case("pipeline", "fused", GateConfig(), lambda: {"steps": run_pipeline(rank_pool, spec).steps}).status == "pass"
+    assert run_case("pipeline", "fused", GateConfig(), lambda: {"steps": len(run_pipeline(rank_pool, job).outputs)}).status == "pass"

@@ -84,7 +84,7 @@ def max_abs_diff(actual: Any, expected: Any) -> float:
 
 
 def format_differences(differences: list[Difference], *, msg: str | None = None, exact: bool = False) -> str:
-    mode = "bit-exact" if exact else "within tolerance"
+    mode = "compared bit for bit" if exact else "beyond the tolerance"
     header = f"{len(differences)} difference(s) ({mode}); actual vs expected:"
     if len(differences) >= MAX_REPORTED_DIFFERENCES:
         header = f"at least {len(differences)} differences ({mode}), first ones shown; actual vs expected:"
