@@ -53,3 +53,20 @@ def test_exception_kinds_map_to_statuses():
     assert status(UnsupportedByTorchrec("no")) == "unsupported"
     assert status(HarnessError("no gpu")) == "error"
     assert status(ZeroDivisionError("inside torchrec")) == "fail"
+
+
+def test_a_known_broken_case_is_a_skip_saying_why_under_torchrun_and_the_known_issue_is_not_called_stale():
+    # A LauncherGroup stand-in (object.__new__: no torchrun here); the real launch is in test_dist_launcher.
+    from paritykit.checks.known_issues import KnownIssue, apply
+    from paritykit.checks.runner import NOT_UNDER_TORCHRUN, run_known_broken_case
+    from paritykit.dist import LauncherGroup
+
+    ran = []
+    result = run_known_broken_case("sharding", "known-broken rule-x case", GateConfig(), object.__new__(LauncherGroup),
+                                   lambda: ran.append(1))
+    assert (result.status, result.message, ran) == ("skip", NOT_UNDER_TORCHRUN, [])
+    issue = KnownIssue(check="sharding", case="known-broken rule-x *", reason="r", versions={"torchrec": ">=1.0"})
+    judgement = apply([result], [issue], {"torchrec": "1.8.0"})
+    assert judgement.stale == [] and judgement.cases[0].status == "skip"
+    # Without the launcher the body runs and its outcome is reported as it is.
+    assert run_known_broken_case("sharding", "c", GateConfig(), None, lambda: {"ran": 1}).status == "pass"

@@ -120,3 +120,19 @@ def test_an_unrepaired_drawn_case_shows_the_same_torchrec_defect(rank_pools):
     assert [r.name for r in broken_rules(case)] == ["ebc-row-wise-mean-beside-other-placements"]
     with pytest.raises(ParityError, match="returned other values"):
         run_sharding_case(case, rank_pools.get(2))
+
+
+def test_under_a_launch_of_two_hosts_twcw_shards_stay_on_the_first_host_and_plans_see_the_hosts(monkeypatch):
+    from paritykit.harness.plans import local_world_size
+
+    assert local_world_size(4) == 4  # outside any launch: one host
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert local_world_size(4) == 2 and local_world_size(6) == 6  # another world than the launch's: one host
+    seen: list[ShardingCase] = []
+    from paritykit.checks.runner import run_property
+
+    run_property("sharding", sharding_cases(4, {"ebc": ("table_column_wise",), "ec": ("table_wise",)}),
+                 lambda case: seen.append(case) or {}, GateConfig(examples=30, seed=0, shrink=False), case_id=lambda c: c.case_id())
+    twcw = [entry[1] for case in seen for entry in case.plan.values() if entry[0] == "table_column_wise"]
+    assert twcw and all(rank in (0, 1) for ranks in twcw for rank in ranks)

@@ -254,6 +254,7 @@ def apply(cases: list[CaseResult], issues: list[KnownIssue], installed: dict[str
     standing = {index: issue.standing(installed) for index, issue in enumerate(issues)}
     reproduced: set[int] = set()
     out = []
+    not_run = {i for case in cases if case.status == "skip" for i, issue in enumerate(issues) if issue.matches(case)}
     for case in cases:
         hit = _matching(case, issues, standing)
         if hit is None:
@@ -269,7 +270,8 @@ def apply(cases: list[CaseResult], issues: list[KnownIssue], installed: dict[str
     ran = {case.check for case in cases}
     judged = [i for i, issue in enumerate(issues) if issue.check in ran and standing[i] != "fixed"]
     carried = [issues[i] for i in judged if i in reproduced and standing[i] == "elsewhere"]
-    stale = [issues[i] for i in judged if i not in reproduced] if complete else []
+    # An entry whose case was not run (a skip says why) is neither reproduced nor stale.
+    stale = [issues[i] for i in judged if i not in reproduced and i not in not_run] if complete else []
     return Judgement(out, carried, stale)
 
 

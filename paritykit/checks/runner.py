@@ -20,6 +20,11 @@ from paritykit.harness.patching import replaced
 Metrics = dict[str, Any]
 # The status of a case that ``--case`` did not select: never run, dropped by the gate.
 NOT_SELECTED = "not selected by --case"
+NOT_UNDER_TORCHRUN = (
+    "not run under torchrun: this known-broken case fails inside torchrec on some ranks while the others wait "
+    "in a collective, and only paritykit's own rank pool can tear such ranks down (torchrun's would wait out the "
+    "process-group timeout); run the gate without torchrun to judge it"
+)
 REPLAY_LABEL_CHARS = 100
 
 
@@ -106,6 +111,16 @@ def run_case(check: str, case_id: str, config: GateConfig, body: Callable[[], Me
     except BaseException as exc:  # noqa: BLE001 - every outcome becomes a result
         return result_from_exception(check, case_id, replay, exc, started)
     return CaseResult(check, case_id, "pass", replay=replay, metrics=metrics, duration_s=time.perf_counter() - started)
+
+
+def run_known_broken_case(check: str, case_id: str, config: GateConfig, pool: Any, body: Callable[[], Metrics | None]) -> CaseResult:
+    """A case expected to fail inside torchrec, possibly on some ranks only: run like ``run_case``, except
+    on a torchrun launch, where it is a skip saying why (the known-issues judgement does not count it)."""
+    from paritykit.dist import LauncherGroup
+
+    if isinstance(pool, LauncherGroup):
+        return CaseResult(check, case_id, "skip", replay=config.replay(check, case_id), message=NOT_UNDER_TORCHRUN)
+    return run_case(check, case_id, config, body)
 
 
 @dataclass

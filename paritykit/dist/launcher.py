@@ -19,6 +19,7 @@ import os
 import pickle
 import sys
 import time
+import traceback
 import weakref
 from datetime import timedelta
 from typing import Any, Callable
@@ -91,6 +92,9 @@ class LauncherGroup(RunShortcuts):
             reply: Returned | Raised = Returned(call.call_id, execute(call), (0, 0))
         except BaseException as exc:  # noqa: BLE001 - every rank must reach the gather below
             reply = Raised(call.call_id, rank_error_from(exc), None)
+            # Said at once: if the peers wait in a collective this rank left, the gather never comes.
+            print(f"paritykit rank {self.rank}: {call.describe()[:300]} raised (the launch reports it once every rank "
+                  f"reaches the next gather):\n{''.join(traceback.format_exception(exc)).rstrip()}", file=sys.stderr, flush=True)
         try:
             payload = dumps_with_cpu_tensors(reply)
         except Exception as exc:  # noqa: BLE001

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from paritykit.errors import HarnessError, UnsupportedByTorchrec
-from paritykit.harness.plans import PLAN_KINDS, normalize_plan_entry, parameter_sharding_generator
+from paritykit.harness.plans import PLAN_KINDS, local_world_size, normalize_plan_entry, parameter_sharding_generator
 
 
 def embedding_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -63,7 +63,7 @@ def resolve_plan(model: nn.Module, plan: Any, *, world_size: int, device_type: s
         entries = per_module.get(fqn)
         if entries is None:
             raise HarnessError(f"the plan places no table of module {fqn!r} (tables {sorted(table_shapes(module))})")
-        resolved[fqn] = _resolve_module(fqn, module, entries, world_size, device_type, local_size or world_size)
+        resolved[fqn] = _resolve_module(fqn, module, entries, world_size, device_type, local_size or local_world_size(world_size))
     return ShardingPlan(resolved)
 
 

@@ -85,6 +85,19 @@ def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: in
 ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
 
 
+def local_world_size(world_size: int) -> int:
+    """Ranks per host as torchrec will see them: a torchrun launch's LOCAL_WORLD_SIZE (which torchrec
+    reads to group ranks into hosts for TWRW, TWCW and GRID) when it divides ``world_size``, else one
+    host of ``world_size`` ranks (paritykit's own pool, or a caller outside any launch)."""
+    import os
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    same_launch = os.environ.get("WORLD_SIZE") == str(world_size)
+    if same_launch and local.isdigit() and 0 < int(local) <= world_size and world_size % int(local) == 0:
+        return int(local)
+    return world_size
+
+
 def has_shard_without_rows(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> bool:
     """Whether a row-sharded table has fewer rows than its shards need (torchrec gives a rank ceil(n/W)
     rows in turn, so a rank can be left none)."""
@@ -175,9 +188,9 @@ def module_sharding_plan(module: nn.Module, plan: Mapping[str, Any], *, device: 
         table: parameter_sharding_generator(normalize_plan_entry(table, entry), compute_kernel)
         for table, entry in plan.items()
     }
-    # One host: every rank is local, which is what table_row_wise(host_index=0) spreads over.
+    # The hosts torchrec will see: table_row_wise(host_index=0) spreads over the first host's ranks.
     return construct_module_sharding_plan(
-        module, generators, world_size=world_size, local_size=world_size, device_type=torch.device(device).type
+        module, generators, world_size=world_size, local_size=local_world_size(world_size), device_type=torch.device(device).type
     )
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.checks.sharding.known_broken import ROW_WISE_FAMILY, repair
+from paritykit.harness.plans import local_world_size
 from paritykit.harness.tables import TableSpec
 
 EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
@@ -34,12 +35,15 @@ MAX_IDS_PER_ROW = 3
 
 def _placement(draw: Any, kind: str, world_size: int, shards: int) -> tuple:
     rank = st.integers(0, world_size - 1)
-    if kind in ("column_wise", "table_column_wise"):
+    if kind == "table_column_wise":  # TWCW shards stay on one host: the first one's ranks
+        first_host = st.integers(0, local_world_size(world_size) - 1)
+        return (kind, tuple(draw(st.lists(first_host, min_size=shards, max_size=shards))))
+    if kind == "column_wise":
         return (kind, tuple(draw(st.lists(rank, min_size=shards, max_size=shards))))
     if kind == "table_wise":
         return (kind, draw(rank))
     if kind == "table_row_wise":
-        return (kind, 0)  # one host: every rank is local
+        return (kind, 0)  # the first host's ranks
     if kind == "grid_shard":
         return (kind, (0,))
     return (kind,)

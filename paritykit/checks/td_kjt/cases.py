@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig, run_case, run_property
+from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
 from paritykit.checks.td_kjt.eager import (
     eager_case_id,
     eager_cases,
@@ -71,8 +71,8 @@ def known_broken_results(pools: PoolProvider, config: GateConfig) -> list[CaseRe
                 continue
             done.add(label)
             run = run_kjt_after_td if label == KJT_AFTER_TD else run_sharded_case
-            results.append(run_case(NAME, f"known-broken {label}: {case.describe()}", config,
-                                    lambda run=run, pool=pool, case=case: run(pool, case)))
+            results.append(run_known_broken_case(NAME, f"known-broken {label}: {case.describe()}", config, pool,
+                                                 lambda run=run, pool=pool, case=case: run(pool, case)))
     return results
 
 
