@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,8 +91,6 @@ def local_world_size(world_size: int) -> int:
     """Ranks per host as torchrec will see them: a torchrun launch's LOCAL_WORLD_SIZE (which torchrec
     reads to group ranks into hosts for TWRW, TWCW and GRID) when it divides ``world_size``, else one
     host of ``world_size`` ranks (paritykit's own pool, or a caller outside any launch)."""
-    import os
-
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     same_launch = os.environ.get("WORLD_SIZE") == str(world_size)
     if same_launch and local.isdigit() and 0 < int(local) <= world_size and world_size % int(local) == 0:
@@ -110,8 +110,6 @@ def has_shard_without_rows(tables: Sequence[Any], plan: Mapping[str, Any], world
 def with_rows_for_every_rank(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> tuple:
     """The tables with each row-sharded one grown to a multiple of ``world_size`` rows, so that no rank
     gets an empty shard (fbgemm's CPU kernel refuses one: a known torchrec/fbgemm CPU issue)."""
-    import dataclasses
-
     return tuple(
         dataclasses.replace(t, num_embeddings=world_size * -(-t.num_embeddings // world_size))
         if plan[t.name][0] in ROW_WISE_FAMILY else t

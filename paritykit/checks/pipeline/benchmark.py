@@ -10,9 +10,10 @@ order there). A step's time is the slowest rank's; the warm-up steps of each run
 steps after the data ends are left out; P50 and P90 are over the remaining steps of every round.
 Configurations run in interleaved rounds on one pool, so a change of machine load spreads over all.
 
-Memory: on CUDA the allocator's peak allocated and reserved bytes; on CPU the growth of the rank
-process' peak resident set over its value before the model is built, in a fresh pool per
-configuration (a process never gives its heap back, so an earlier run would hide a later one's).
+Memory: on CUDA the allocator's peak allocated and reserved bytes; on CPU how far the rank process'
+resident set peaks above its value before the model is built (Linux: the peak is reset first, so it
+is this run's), in a fresh pool per configuration (a process never gives its heap back, so an
+earlier run would hide a later one's).
 The larger rank's figure is reported.
 """
 
@@ -92,11 +93,11 @@ def label(pipeline: str) -> str:
 # On each rank
 
 
-def _proc_status_bytes(field: str) -> int | None:
+def _proc_status_bytes(name: str) -> int | None:
     """A ``VmRSS``/``VmHWM`` line of /proc/self/status in bytes (None off Linux)."""
     try:
         with open("/proc/self/status") as status:
-            line = next((line for line in status if line.startswith(field + ":")), None)
+            line = next((line for line in status if line.startswith(name + ":")), None)
     except OSError:
         return None
     return None if line is None else int(line.split()[1]) * 1024
