@@ -84,7 +84,16 @@ def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: in
     return normalized
 
 
-ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
+ROW_WISE_KINDS = ("row_wise", "table_row_wise")
+# Shardings whose output is a reduce-scatter of partial pools (row shards).
+ROW_WISE_FAMILY = ROW_WISE_KINDS + ("grid_shard",)
+
+
+def row_wise_mean_beside_others(tables: Sequence[Any], plan: Mapping[str, Any]) -> bool:
+    """A row-wise or table-row-wise MEAN table beside a table placed otherwise: torchrec divides the
+    other tables' pooled outputs by their lengths too (a known torchrec defect, EBC only)."""
+    row_mean = any(t.pooling == "MEAN" and plan[t.name][0] in ROW_WISE_KINDS for t in tables)
+    return row_mean and any(plan[t.name][0] not in ROW_WISE_KINDS for t in tables)
 
 
 def local_world_size(world_size: int) -> int:

@@ -27,6 +27,15 @@ from paritykit.harness.shards import gather_on_ranks, local_pieces, scatter
 from paritykit.harness.tables import table_of_key
 
 
+def gradient_division() -> bool:
+    """Whether torchrec's all-to-all divides model-parallel gradients by the world size."""
+    from torchrec.distributed import comm_ops
+
+    if not hasattr(comm_ops, "get_gradient_division"):
+        raise HarnessError("torchrec.distributed.comm_ops has no get_gradient_division: its gradient scaling is unknown")
+    return bool(comm_ops.get_gradient_division())
+
+
 def shard_module(
     module: nn.Module,
     plan: Mapping[str, Any],

@@ -33,9 +33,9 @@ from paritykit.checks.pipeline.runs import EXACT_PIPELINES, PipelineJob, run_pip
 from paritykit.checks.pipeline.td_input import check_td_batches, to_td_batches
 from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_anchor, assert_identical, assert_semi_sync
 from paritykit.checks.sharding.reference import train_reference
-from paritykit.checks.sharding.setup import gradient_division
 from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.sharded import gradient_division
 
 EXACT_PROMISE = "the pipeline promises the plain loop's numbers exactly"
 TD_PROMISE = "the same data as TensorDicts must give the same numbers as KJTs"

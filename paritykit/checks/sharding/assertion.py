@@ -30,12 +30,13 @@ from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.cases import ShardingCase
 from paritykit.checks.sharding.comparison import EXACT, Bound, Tolerance, compare_records
 from paritykit.checks.sharding.reference import train_reference
-from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup, gradient_division
+from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup
 from paritykit.checks.sharding.tolerances import tolerance_for
 from paritykit.checks.sharding.training import TrainingSetup, assemble_records, train_on_rank
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.optimizers import OptimizerSpec
+from paritykit.harness.sharded import gradient_division
 
 def assert_sharded_matches_unsharded(
     model_fn: Callable[[], torch.nn.Module],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from paritykit.checks.sharding.setup import build_setup, gradient_division
+from paritykit.checks.sharding.setup import build_setup
 from paritykit.checks.sharding.cases import ShardingCase, batches_of, model_fn, torchrec_plan
 from paritykit.checks.sharding.comparison import compare_records
 from paritykit.checks.sharding.reference import train_reference
@@ -13,6 +13,7 @@ from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw
 from paritykit.checks.sharding.tolerances import default_tolerance
 from paritykit.checks.sharding.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.sharded import gradient_division
 
 
 def case_setup(case: ShardingCase, device: str = "cpu"):

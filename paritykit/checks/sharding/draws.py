@@ -18,8 +18,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
-from paritykit.checks.sharding.known_broken import ROW_WISE_FAMILY, repair
-from paritykit.harness.plans import local_world_size
+from paritykit.checks.sharding.known_broken import repair
+from paritykit.harness.plans import ROW_WISE_FAMILY, local_world_size
 from paritykit.harness.tables import TableSpec
 
 EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")

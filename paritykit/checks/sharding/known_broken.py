@@ -13,10 +13,9 @@ from typing import Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
-from paritykit.harness.plans import ROW_WISE_FAMILY, has_shard_without_rows, with_rows_for_every_rank
+from paritykit.harness.plans import (ROW_WISE_FAMILY, ROW_WISE_KINDS, has_shard_without_rows, row_wise_mean_beside_others,
+                                     with_rows_for_every_rank)
 from paritykit.harness.tables import TableSpec
-
-ROW_WISE_KINDS = ("row_wise", "table_row_wise")
 
 
 @dataclass(frozen=True)
@@ -37,10 +36,7 @@ class BrokenCombination:
 
 
 def _rw_mean_mixed(case: ShardingCase) -> bool:
-    kinds = {t.name: case.plan[t.name][0] for t in case.tables}
-    rw_mean = [t for t in case.tables if kinds[t.name] in ROW_WISE_KINDS and t.pooling == "MEAN"]
-    others = [t for t in case.tables if kinds[t.name] not in ROW_WISE_KINDS]
-    return case.module == "ebc" and bool(rw_mean) and bool(others)
+    return case.module == "ebc" and row_wise_mean_beside_others(case.tables, case.plan)
 
 
 def _rw_shared_feature_mixed_pooling(case: ShardingCase) -> bool:

@@ -65,7 +65,3 @@ def _check_picklable(name: str, value: Any) -> None:
         raise HarnessError(f"{name} must be picklable to reach the ranks (define it at module level): {exc}") from exc
 
 
-def gradient_division() -> bool:
-    from torchrec.distributed.comm_ops import get_gradient_division
-
-    return bool(get_gradient_division())

@@ -25,7 +25,6 @@ import torch
 from paritykit.checks.td_kjt.batches import route_input
 from paritykit.checks.td_kjt.reference import (
     build_unsharded,
-    gradient_division,
     loss_of,
     outputs_by_key,
     reference_step,
@@ -38,6 +37,7 @@ from paritykit.harness.devices import rank_device
 from paritykit.harness.sharded import (
     copy_full_weights_into,
     gather_full_weights,
+    gradient_division,
     sgd_step_dense_parameters,
     shard_module,
 )

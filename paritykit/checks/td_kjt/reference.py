@@ -18,6 +18,7 @@ from paritykit.checks.td_kjt.sharded_spec import ShardedCase
 from paritykit.checks.td_kjt.tolerances import gradient_scale
 from paritykit.errors import HarnessError
 from paritykit.harness.seeding import generator
+from paritykit.harness.sharded import gradient_division
 from paritykit.harness.tables import (
     build_ebc,
     build_ec,
@@ -57,15 +58,6 @@ def loss_of(case: ShardedCase, step: int, rank: int, outputs: dict[str, Any]) ->
     if total is None:
         raise HarnessError(f"{case.module} produced no output keys: nothing to take a loss of")
     return total
-
-
-def gradient_division() -> bool:
-    """Whether torchrec's all-to-all divides model-parallel gradients by the world size."""
-    from torchrec.distributed import comm_ops
-
-    if not hasattr(comm_ops, "get_gradient_division"):
-        raise HarnessError("torchrec.distributed.comm_ops has no get_gradient_division: its gradient scaling is unknown")
-    return bool(comm_ops.get_gradient_division())
 
 
 def reference_step(

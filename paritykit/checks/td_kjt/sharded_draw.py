@@ -32,6 +32,7 @@ from paritykit.checks.td_kjt.sharded_spec import (
     RankBatch,
     ShardedCase,
 )
+from paritykit.harness.plans import ROW_WISE_KINDS, row_wise_mean_beside_others
 from paritykit.harness.tables import TableSpec
 from paritykit.strategies import (
     CONTIGUOUS_FORMS,
@@ -45,7 +46,6 @@ MAX_BATCH = 4
 CW_SHARDS = (2, 3)
 SHARD_WIDTH = 4
 
-ROW_SHARDED = ("row_wise", "table_row_wise")
 # Names a case carries beside its module, kernel and placements (see case_names): its tables pool
 # both ways; a row-sharded MEAN table sits in a plan with both row-sharded placements (which can
 # reorder the features).
@@ -111,12 +111,6 @@ def trains_with_vbe(device: str, names: set[str], world_size: int) -> bool:
     return not vbe_problems(device, names, world_size)
 
 
-def mean_rows_beside_others(tables, plan) -> bool:
-    """True for the combination of RW_MEAN_BESIDE_OTHERS."""
-    row_mean = any(t.pooling == "MEAN" and plan[t.name][0] in ROW_SHARDED for t in tables)
-    return row_mean and any(plan[t.name][0] not in ROW_SHARDED for t in tables)
-
-
 def placements_to_draw(module: str, device: str) -> tuple[str, ...]:
     """What torchrec's sharder offers for ``module`` on ``device``, minus the known-broken ones; for an
     EBC also row-wise and table-row-wise, which its sharder advertises only for CUDA but which shard
@@ -127,7 +121,7 @@ def placements_to_draw(module: str, device: str) -> tuple[str, ...]:
     # TWCW and GRID are the sharding check's to draw; this check's tables and entries know the rest.
     offered = tuple(p for p in placements_for(module, device) if p not in ("table_column_wise", "grid_shard"))
     if module == "ebc":
-        offered = tuple(dict.fromkeys(offered + ROW_SHARDED))
+        offered = tuple(dict.fromkeys(offered + ROW_WISE_KINDS))
     return tuple(p for p in offered if supported_on_device(device, module, p))
 
 
@@ -142,8 +136,8 @@ def case_names(module: str, kernel: str, tables, plan) -> set[str]:
     names = {module, kernel, *placements}
     if module == "ebc" and len({t.pooling for t in tables}) > 1:
         names.add(MIXED_POOLING)
-    row_mean = any(t.pooling == "MEAN" and plan[t.name][0] in ROW_SHARDED for t in tables)
-    if module == "ebc" and row_mean and set(ROW_SHARDED) <= placements:
+    row_mean = any(t.pooling == "MEAN" and plan[t.name][0] in ROW_WISE_KINDS for t in tables)
+    if module == "ebc" and row_mean and set(ROW_WISE_KINDS) <= placements:
         names.add(ROW_MEAN_TWO_PLACEMENTS)
     return names
 
@@ -183,8 +177,8 @@ def _draw_tables(draw: Any, module: str, world_size: int, placements: tuple[str,
         pooling = module_pooling if one_pooling or weighted else draw(st.sampled_from(("SUM", "MEAN")))
         tables.append(TableSpec(f"t{index}", draw(st.integers(4, 12)), dim, names, pooling))
         plan[f"t{index}"] = placement_entry(kind, world_size, draw, cw_shards=shards)  # CW on ranks in any order
-    if mean_rows_beside_others(tables, plan):  # known-broken: run on purpose, not drawn
-        tables = [replace(t, pooling="SUM") if plan[t.name][0] in ROW_SHARDED else t for t in tables]
+    if row_wise_mean_beside_others(tables, plan):  # RW_MEAN_BESIDE_OTHERS, known-broken: run on purpose, not drawn
+        tables = [replace(t, pooling="SUM") if plan[t.name][0] in ROW_WISE_KINDS else t for t in tables]
     return tuple(tables), plan
 
 

@@ -26,12 +26,12 @@ import torch
 
 from paritykit.checks.td_kjt.sharded_spec import RankBatch, ShardedCase
 from paritykit.compare.bounds import summation_tolerance, unit_roundoff
+from paritykit.harness.plans import ROW_WISE_KINDS
 
 # The upstream gradient of every output element lies in [-1, 1) (see reference.upstream_gradient).
 UPSTREAM_BOUND = 1.0
 # torchrec's guard against a zero divisor in RW/TWRW mean pooling.
 MEAN_DIVISOR_EPS = 1e-6
-_EPS_PLACEMENTS = ("row_wise", "table_row_wise")
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ def _max_weight(rank_batch: RankBatch, key: str) -> float:
 
 def _mean_eps(case: ShardedCase, table_name: str) -> float:
     divides = case.module == "ebc" and any(
-        t.pooling == "MEAN" and case.plan[t.name][0] in _EPS_PLACEMENTS for t in case.tables
+        t.pooling == "MEAN" and case.plan[t.name][0] in ROW_WISE_KINDS for t in case.tables
     )
-    return MEAN_DIVISOR_EPS if divides and case.plan[table_name][0] in _EPS_PLACEMENTS else 0.0
+    return MEAN_DIVISOR_EPS if divides and case.plan[table_name][0] in ROW_WISE_KINDS else 0.0
 
 
 def output_tolerances(
