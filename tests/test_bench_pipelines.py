@@ -8,8 +8,8 @@ import pytest
 
 from paritykit.checks.pipeline.benchmark import BenchRow, BenchSettings, configurations, label
 from paritykit.checks.pipeline.benchmark_report import format_table, save_benchmark
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec
-from paritykit.checks.pipeline.runs import PIPELINES
+from paritykit.engine.builtin_models import DataSpec, ModelSpec
+from paritykit.engine.pipeline_runs import PIPELINES
 
 TINY = BenchSettings(
     model=ModelSpec(num_tables=2, num_embeddings=64, embedding_dim=8, sharding_types=("table_wise", "row_wise")),

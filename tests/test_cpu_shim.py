@@ -5,9 +5,9 @@ torchrec call, never a parity failure."""
 import pytest
 import torch
 
-from paritykit.checks.pipeline.models import DataSpec
+from paritykit.engine.builtin_models import DataSpec
 from paritykit.checks.pipeline.assertion import builtin_case
-from paritykit.checks.pipeline.runs import PipelineJob, RunSpec, run_pipeline
+from paritykit.engine.pipeline_runs import PipelineJob, RunSpec, run_pipeline
 from paritykit.checks.runner import GateConfig, result_from_exception, run_case
 from paritykit.errors import HarnessError, ShimGap
 from paritykit.harness.cpu_shim import shim_patches, stream_shim, without_patches

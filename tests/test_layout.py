@@ -14,9 +14,9 @@ MAX_FUNCTION_LINES = 60
 
 # Layer of each top-level part, lowest first; a module may import its own layer and those below.
 LAYERS = {
-    "__main__": 6,
+    "__main__": 7,
     "errors": 0, "harness": 1, "compare": 2, "convert": 2, "strategies": 2, "sync": 2,
-    "dist": 3, "checks": 4, "gate": 5, "plugin": 6, "__init__": 6,
+    "dist": 3, "engine": 4, "checks": 5, "gate": 6, "plugin": 7, "__init__": 7,
 }
 
 
@@ -98,6 +98,29 @@ def test_each_layer_imports_only_the_layers_below_it():
         if _layer(target) > _layer(module)
     ]
     assert upward == []
+
+
+def _check_folder(module: str) -> str | None:
+    """The check folder a module belongs to (``paritykit.checks.<folder>...``), or None."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "checks" and (PACKAGE / "checks" / parts[2]).is_dir():
+        return parts[2]
+    return None
+
+
+def test_no_check_imports_another_check():
+    crossing = [
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if _check_folder(module) and _check_folder(target) and _check_folder(module) != _check_folder(target)
+    ]
+    assert crossing == []
+
+
+def test_the_engine_sits_below_every_check():
+    assert {f"{m} -> {t}" for m, ts in _graph().items() if m.startswith("paritykit.engine") for t in ts
+            if t.startswith("paritykit.checks")} == set()
 
 
 def test_the_plugin_imports_only_dist_the_facade_and_the_profiles():

@@ -7,10 +7,10 @@ import torch
 
 from paritykit.checks.pipeline.assertion import assert_pipeline_parity, builtin_case
 from paritykit.checks.pipeline.comparison import normalized_entropy, predictions
-from paritykit.checks.pipeline.models import DataSpec, ModelFactory, ModelSpec
-from paritykit.checks.pipeline.runs import EXACT_PIPELINES, FUSED_PIPELINES, PipelineJob, RunSpec, run_pipeline, run_plain
+from paritykit.engine.builtin_models import DataSpec, ModelFactory, ModelSpec
+from paritykit.engine.pipeline_runs import EXACT_PIPELINES, FUSED_PIPELINES, PipelineJob, RunSpec, run_pipeline, run_plain
 from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_identical
-from paritykit.checks.sharding.training import TrainingRecord
+from paritykit.engine.training import TrainingRecord
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.cpu_shim import stream_shim
 

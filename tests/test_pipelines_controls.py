@@ -9,8 +9,8 @@ import pytest
 from paritykit.checks.pipeline.assertion import assert_pipeline_parity, builtin_case, unsafe_configuration
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, SemiSyncBounds, predictions
 from paritykit.checks.pipeline.matrix import feature_processor_control
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec
-from paritykit.checks.pipeline.runs import PipelineJob, RunSpec, run_pipeline, run_plain
+from paritykit.engine.builtin_models import DataSpec, ModelSpec
+from paritykit.engine.pipeline_runs import PipelineJob, RunSpec, run_pipeline, run_plain
 from paritykit.checks.pipeline.verdicts import assert_identical
 from paritykit.errors import ParityError
 from paritykit.harness import plants

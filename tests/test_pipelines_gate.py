@@ -12,8 +12,8 @@ from paritykit.checks import pipeline as pipeline_check
 from paritykit.checks.pipeline import matrix
 from paritykit.checks.pipeline.assertion import ALL_PIPELINES
 from paritykit.checks.runner import GateConfig
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec
-from paritykit.checks.pipeline.runs import RunSpec
+from paritykit.engine.builtin_models import DataSpec, ModelSpec
+from paritykit.engine.pipeline_runs import RunSpec
 
 
 @pytest.mark.world_size(1)

@@ -10,9 +10,9 @@ import torch
 
 from paritykit.checks.pipeline.assertion import assert_pipeline_parity, builtin_case
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, predictions
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec
+from paritykit.engine.builtin_models import DataSpec, ModelSpec
 from paritykit.checks.pipeline.parity import run_parity_case
-from paritykit.checks.pipeline.runs import PipelineJob, RunSpec, run_pipeline, run_plain
+from paritykit.engine.pipeline_runs import PipelineJob, RunSpec, run_pipeline, run_plain
 from paritykit.checks.pipeline.verdicts import assert_identical
 from paritykit.errors import ParityError
 from paritykit.harness import plants

@@ -10,9 +10,9 @@ import torch
 
 from paritykit.checks.pipeline.assertion import builtin_case
 from paritykit.checks.pipeline.matrix import TD_PIPELINES
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec, batches_of
+from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of
 from paritykit.checks.pipeline.parity import run_parity_case
-from paritykit.checks.pipeline.runs import PipelineJob, RunSpec, run_pipeline
+from paritykit.engine.pipeline_runs import PipelineJob, RunSpec, run_pipeline
 from paritykit.checks.pipeline.td_input import (
     check_td_batches,
     td_input_unsupported,

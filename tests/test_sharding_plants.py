@@ -10,7 +10,7 @@ import pytest
 from paritykit.checks.sharding.case_runner import case_setup, run_sharding_case
 from paritykit.checks.sharding.cases import ShardingCase
 from paritykit.checks.sharding.pinned import pinned_cases
-from paritykit.checks.sharding.training import TrainingRecord, assemble_records, train_on_rank
+from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.compare import find_differences
 from paritykit.errors import ParityError
 from paritykit.harness import plants

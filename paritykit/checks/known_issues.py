@@ -301,3 +301,9 @@ def _marked(case: CaseResult, issue: KnownIssue, standing: str, installed: dict[
 
 def _fixed_in(issue: KnownIssue) -> str:
     return ", ".join(f"{package} {version}" for package, version in issue.fixed_in.items())
+
+
+def supported_on_device(device: str, module: str, name: str) -> bool:
+    """False for a (module, sharding type or kernel) pair a known issue keeps out of the draws on the
+    installed stack (paritykit/checks/known_issues.toml): other checks avoid such pairs too."""
+    return kept_out_of_draws(device, module, name) is None

@@ -1,11 +1,10 @@
 """pipeline: torchrec's training pipelines against a plain loop over the same DMP model, and that
 plain loop against the unsharded model.
 
-contract.py      what the pipelines require of a model (forward -> (loss, prediction)) and its batches
-models.py        the built-in models (DLRM-style, torchrec's TestSparseNN), plans, optimizers, data
-sharded.py       on a rank: the DMP model and dense optimizer from the sharding engine's TrainingSetup
+The engine runs the pipelines (``paritykit.engine``: pipeline_contract.py, builtin_models.py,
+pipeline_setup.py, pipeline_runs.py: one setup through one torchrec pipeline on every rank, recorded
+as a TrainingRecord). The check itself:
 td_input.py      the same batches with TensorDict sparse features; whether this torchrec takes them
-runs.py          one setup through one torchrec pipeline on every rank, recorded as a TrainingRecord
 comparison.py    per-step and final differences, normalized entropy, SemiSync bounds
 verdicts.py      exact, SemiSync and unsharded-anchor verdicts
 parity.py        one case: plain loop, anchor, every pipeline on KJT and/or TD batches

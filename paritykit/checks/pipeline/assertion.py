@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterable
 import torch
 
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, REFERENCE, PipelineParityResult, SemiSyncBounds
-from paritykit.checks.pipeline.contract import check_forward_contract, check_pipelineable, model_loss
-from paritykit.checks.pipeline.models import batches_of, builtin_setup
+from paritykit.engine.pipeline_contract import check_forward_contract, check_pipelineable, model_loss
+from paritykit.engine.builtin_models import batches_of, builtin_setup
 from paritykit.checks.pipeline.parity import PipelineCase, run_parity_case, with_td_batches
-from paritykit.checks.pipeline.runs import FUSED_PIPELINES, PIPELINES, RunSpec
-from paritykit.checks.sharding.setup import DEFAULT_LR, build_setup
+from paritykit.engine.pipeline_runs import FUSED_PIPELINES, PIPELINES, RunSpec
+from paritykit.engine.setup import DEFAULT_LR, build_setup
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.dmp import table_parameters

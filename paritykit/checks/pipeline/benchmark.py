@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec, batches_of, builtin_setup, make_batches
-from paritykit.checks.pipeline.runs import PIPELINES, make_torchrec_pipeline
-from paritykit.checks.pipeline.sharded import sharded_for_training
+from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of, builtin_setup, make_batches
+from paritykit.engine.pipeline_runs import PIPELINES, make_torchrec_pipeline
+from paritykit.engine.pipeline_setup import sharded_for_training
 from paritykit.checks.pipeline.td_input import to_td_batch
-from paritykit.checks.sharding.training import TrainingSetup
+from paritykit.engine.training import TrainingSetup
 from paritykit.harness.cpu_shim import stream_shim
 from paritykit.harness.devices import rank_device
 

@@ -14,9 +14,9 @@ from typing import Any, Iterable
 
 import torch
 
-from paritykit.checks.pipeline.contract import prediction_of
-from paritykit.checks.sharding.losses import floating_leaves
-from paritykit.checks.sharding.training import TrainingRecord
+from paritykit.engine.pipeline_contract import prediction_of
+from paritykit.engine.losses import floating_leaves
+from paritykit.engine.training import TrainingRecord
 
 REFERENCE = "plain"
 

@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from paritykit.checks.pipeline.assertion import ALL_PIPELINES, builtin_case
-from paritykit.checks.pipeline.models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
+from paritykit.engine.builtin_models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
 from paritykit.checks.pipeline.parity import run_parity_case
-from paritykit.checks.pipeline.runs import FUSED_PIPELINES, INPUT_TYPES, RunSpec
+from paritykit.engine.pipeline_runs import FUSED_PIPELINES, INPUT_TYPES, RunSpec
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 from paritykit.dist import PoolProvider

@@ -29,11 +29,11 @@ from paritykit.checks.pipeline.comparison import (
     predictions,
 )
 from paritykit.checks.pipeline.report_files import write_report
-from paritykit.checks.pipeline.runs import EXACT_PIPELINES, PipelineJob, run_pipeline, run_plain
+from paritykit.engine.pipeline_runs import EXACT_PIPELINES, PipelineJob, run_pipeline, run_plain
 from paritykit.checks.pipeline.td_input import check_td_batches, to_td_batches
 from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_anchor, assert_identical, assert_semi_sync
-from paritykit.checks.sharding.reference import train_reference
-from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
+from paritykit.engine.reference import train_reference
+from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.sharded import gradient_division
 

@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from paritykit.checks.pipeline.comparison import PairComparison, SemiSyncBounds, compare_pair, fmt_list
-from paritykit.checks.sharding.comparison import Tolerance, compare_records, final_problems, per_step_problems
-from paritykit.checks.sharding.tolerances import tolerance_for
-from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
+from paritykit.engine.comparison import Tolerance, compare_records, final_problems, per_step_problems
+from paritykit.engine.tolerances import tolerance_for
+from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.errors import ParityError
 
 # Every compared number bit for bit.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from paritykit.checks.sharding.setup import build_setup
+from paritykit.engine.setup import build_setup
 from paritykit.checks.sharding.cases import ShardingCase, batches_of, model_fn, torchrec_plan
-from paritykit.checks.sharding.comparison import compare_records
-from paritykit.checks.sharding.reference import train_reference
+from paritykit.engine.comparison import compare_records
+from paritykit.engine.reference import train_reference
 from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
-from paritykit.checks.sharding.tolerances import default_tolerance
-from paritykit.checks.sharding.training import TrainingRecord, assemble_records, train_on_rank
+from paritykit.engine.tolerances import default_tolerance
+from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.sharded import gradient_division
 

@@ -127,11 +127,3 @@ def batches_of(case: ShardingCase) -> list[list[Any]]:
 
 def feature_order(case: ShardingCase) -> tuple[str, ...]:
     return feature_names_of(case.tables)
-
-
-def supported_on_device(device: str, module: str, name: str) -> bool:
-    """False for a (module, sharding type or kernel) pair a known issue keeps out of the draws on the
-    installed stack (paritykit/checks/known_issues.toml): other checks avoid such pairs too."""
-    from paritykit.checks import known_issues
-
-    return known_issues.kept_out_of_draws(device, module, name) is None

@@ -15,7 +15,7 @@ comprehension and the stride tensor), one fused splits all-to-all is read twice 
 to log an int overflow check: one read per split tensor of every module, a cost the base pipeline
 and the plain loop do not pay.
 
-The pipeline budgets use the batches of paritykit.checks.pipeline.models.make_batches, as the `pipeline`
+The pipeline budgets use the batches of paritykit.engine.builtin_models.make_batches, as the `pipeline`
 check does: made on the rank's device, KJTs without metadata, so the pipelines' copy to the device
 moves nothing and each module's split reads its lengths. No sync of a step comes from the loop
 itself (paritykit's plain loop has no loss.item()), from backward or from the optimizers: every
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec, build_sharded, make_batches
-from paritykit.checks.pipeline.runs import RunSpec, make_pipeline, plain_step
+from paritykit.engine.builtin_models import DataSpec, ModelSpec, build_sharded, make_batches
+from paritykit.engine.pipeline_runs import RunSpec, make_pipeline, plain_step
 from paritykit.checks.sync.dist_budget import (
     INPUT_KINDS,
     LENGTH_PER_KEY,

@@ -115,7 +115,7 @@ def placements_to_draw(module: str, device: str) -> tuple[str, ...]:
     """What torchrec's sharder offers for ``module`` on ``device``, minus the known-broken ones; for an
     EBC also row-wise and table-row-wise, which its sharder advertises only for CUDA but which shard
     and compute on CPU when a plan asks for them (the pinned cases show it)."""
-    from paritykit.checks.sharding.cases import supported_on_device
+    from paritykit.checks.known_issues import supported_on_device
     from paritykit.harness.plans import placements_for
 
     # TWCW and GRID are the sharding check's to draw; this check's tables and entries know the rest.
@@ -145,7 +145,7 @@ def case_names(module: str, kernel: str, tables, plan) -> set[str]:
 def kernels_for(module: str, device: str) -> tuple[str, ...]:
     """Kernels torchrec offers a model-parallel table of ``module`` on ``device`` that no known issue keeps
     out of the draws (data-parallel tables always use dense)."""
-    from paritykit.checks.sharding.cases import supported_on_device
+    from paritykit.checks.known_issues import supported_on_device
     from paritykit.harness.plans import compute_kernels
 
     return tuple(k for k in compute_kernels(device, "column_wise", module) if supported_on_device(device, module, k))

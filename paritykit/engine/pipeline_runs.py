@@ -2,7 +2,7 @@
 
 The runners are torchrec's own classes (TrainPipelineBase, TrainPipelineSparseDist,
 TrainPipelineFusedSparseDist, TrainPipelineSemiSync). The plain loop they are compared with is the
-sharding engine's own (``paritykit.checks.sharding.training.train_on_rank``: zero_grad, forward,
+sharding engine's own (``paritykit.engine.training.train_on_rank``: zero_grad, forward,
 the model's loss backward, step), and a pipeline run is recorded in the engine's ``TrainingRecord``
 so that both compare field by field: per step and rank what ``progress()`` returned (the
 prediction), the loss the model computed and what every embedding module returned (by key); after
@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.pipeline.contract import model_loss
-from paritykit.checks.pipeline.models import DataSpec, ModelSpec
-from paritykit.checks.pipeline.sharded import sharded_for_training
-from paritykit.checks.sharding.outputs import to_cpu
-from paritykit.checks.sharding.probes import EmbeddingProbe
-from paritykit.checks.sharding.training import (
+from paritykit.engine.pipeline_contract import model_loss
+from paritykit.engine.builtin_models import DataSpec, ModelSpec
+from paritykit.engine.pipeline_setup import sharded_for_training
+from paritykit.engine.outputs import to_cpu
+from paritykit.engine.probes import EmbeddingProbe
+from paritykit.engine.training import (
     TrainingRecord,
     TrainingSetup,
     _replicated_optimizer_state,

@@ -1,6 +1,6 @@
 """On a rank: the DMP-sharded model and the dense optimizer a pipeline trains, from a TrainingSetup.
 
-Built exactly as the sharding engine's plain loop (``paritykit.checks.sharding.training.train_on_rank``)
+Built exactly as the sharding engine's plain loop (``paritykit.engine.training.train_on_rank``)
 builds them: the model factory with the fused embedding optimizer applied, sharded by the resolved
 plan, the full initial state copied into the shards, and a KeyedOptimizerWrapper over every
 parameter no fused optimizer trains. So the plain loop, every pipeline and the unsharded reference
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.sharding.training import TrainingSetup, build_model
+from paritykit.engine.training import TrainingSetup, build_model
 from paritykit.errors import HarnessError
 from paritykit.harness.dmp import dense_parameters, load_full_state, shard_model
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritykit.checks.sharding.outputs import to_cpu
+from paritykit.engine.outputs import to_cpu
 
 
 class EmbeddingProbe:

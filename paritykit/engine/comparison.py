@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.sharding.training import TrainingRecord
+from paritykit.engine.training import TrainingRecord
 from paritykit.compare import find_differences, format_differences
 from paritykit.errors import ParityError
 

@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import torch
 
-from paritykit.checks.sharding.inputs import check_batches
-from paritykit.checks.sharding.losses import default_loss
-from paritykit.checks.sharding.training import TrainingSetup
+from paritykit.engine.inputs import check_batches
+from paritykit.engine.losses import default_loss
+from paritykit.engine.training import TrainingSetup
 from paritykit.errors import HarnessError
 from paritykit.harness.dmp import table_parameters
 from paritykit.harness.optimizers import OptimizerSpec, apply_in_backward, require_embedding_optimizer

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritykit.checks.sharding.outputs import forward, to_cpu
-from paritykit.checks.sharding.probes import EmbeddingProbe
-from paritykit.checks.sharding.training import TrainingRecord, TrainingSetup
+from paritykit.engine.outputs import forward, to_cpu
+from paritykit.engine.probes import EmbeddingProbe
+from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.harness.optimizers import BlockRowWiseAdagrad
 from paritykit.harness.plan_resolution import embedding_modules, sharder_of
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from paritykit.checks.sharding.comparison import EXACT, Bound, Tolerance
+from paritykit.engine.comparison import EXACT, Bound, Tolerance
 from paritykit.compare.bounds import NORMWISE_UNITS, normwise_bound
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import torch
 
-from paritykit.checks.sharding.losses import default_loss
-from paritykit.checks.sharding.outputs import forward, to_cpu, to_device
-from paritykit.checks.sharding.probes import EmbeddingProbe
+from paritykit.engine.losses import default_loss
+from paritykit.engine.outputs import forward, to_cpu, to_device
+from paritykit.engine.probes import EmbeddingProbe
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import rank_device
 from paritykit.harness.dmp import (

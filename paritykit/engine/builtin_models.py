@@ -1,4 +1,4 @@
-"""The pipeline check's built-in models, their sharding plans, optimizers and per-rank data.
+"""The built-in training models (the pipeline and sync checks run them): their plans, optimizers, data.
 
 Two models take the same batch type (torchrec's ``ModelInput``):
 - ``dlrm``: a small DLRM-style model written here: an EmbeddingBagCollection over the unweighted
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritykit.checks.pipeline.contract import model_loss
-from paritykit.checks.pipeline.sharded import sharded_for_training
-from paritykit.checks.sharding.setup import build_setup
-from paritykit.checks.sharding.training import TrainingSetup
+from paritykit.engine.pipeline_contract import model_loss
+from paritykit.engine.pipeline_setup import sharded_for_training
+from paritykit.engine.setup import build_setup
+from paritykit.engine.training import TrainingSetup
 from paritykit.harness.optimizers import OptimizerSpec
 from paritykit.harness.seeding import generator
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from paritykit.checks.sharding.outputs import resolved
+from paritykit.engine.outputs import resolved
 from paritykit.harness.seeding import generator
 
 
