@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Check(Protocol):
-    """What the gate runs. ``name`` is the CLI name; ``plants`` the module registering its planted bugs."""
+    """What the gate runs. ``name`` is the CLI name; ``plants`` the module registering its planted bugs;
+    ``oracle`` what its cases compare torchrec against when that is independent of torchrec (else None)."""
 
     name: str
     plants: str
+    oracle: "str | None"
 
     def run(self, config: "GateConfig", pools: "PoolProvider") -> "list[CaseResult]":
         """Every case of the check under ``config``: one CaseResult each (never raises for a case)."""

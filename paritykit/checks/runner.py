@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.results import NOTHING_COMPARED, CaseResult, short_case_id
 from paritykit.errors import HarnessError, NothingCompared, ParityError, RankFailure, UnsupportedByTorchrec, raised_by_harness
+from paritykit.harness.case_scope import case_scope
 from paritykit.harness.patching import replaced
 
 Metrics = dict[str, Any]
@@ -35,7 +36,8 @@ class GateConfig:
     device: "cpu" or "cuda" (already resolved from "auto").
     world_sizes: the world sizes to cover; each check picks the ones that make sense for it.
     examples: hypothesis examples per property.
-    case: run only this case (its full id or its short id); the others are generated, not run.
+    case: run only this case (its full id or its short id), or these cases (a tuple of ids); the
+          others are generated, not run.
     fixtures_dir: the golden fixtures to verify (default: those shipped with the package).
     strict: missing fixtures are an error rather than a skip.
     """
@@ -46,7 +48,7 @@ class GateConfig:
     seed: int = 0
     report_dir: Path | None = None
     shrink: bool = True
-    case: str | None = None
+    case: str | tuple[str, ...] | None = None
     fixtures_dir: Path | None = None
     strict: bool = False
 
@@ -66,7 +68,10 @@ class GateConfig:
 
     def selects(self, check: str, case_id: str) -> bool:
         """Whether ``--case`` (if given) names this case, by its full id or its short id."""
-        return self.case is None or self.case in (case_id, short_case_id(check, case_id))
+        if self.case is None:
+            return True
+        wanted = (self.case,) if isinstance(self.case, str) else self.case
+        return case_id in wanted or short_case_id(check, case_id) in wanted
 
 
 def result_from_exception(check: str, case_id: str, replay: str, exc: BaseException, started: float) -> CaseResult:
@@ -105,7 +110,8 @@ def run_case(check: str, case_id: str, config: GateConfig, body: Callable[[], Me
         return CaseResult(check, case_id, "skip", replay=replay, message=NOT_SELECTED)
     started = time.perf_counter()
     try:
-        metrics = body() or {}
+        with case_scope(f"{check}|{short_case_id(check, case_id)}"):
+            metrics = body() or {}
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - every outcome becomes a result
@@ -251,3 +257,8 @@ class CheckEntry:
     name: str
     plants: str  # the module that registers the check's planted bugs
     run: Callable[[GateConfig, Any], list[CaseResult]]
+    # What its cases compare torchrec against, when that is independent of the code under test
+    # (the unsharded module, a reference of an op's meaning); None when it is not (recorded
+    # numbers, sync counts). `paritykit coverage` counts a torchrec line as checked only when a
+    # case of a check with an oracle ran it.
+    oracle: str | None = None

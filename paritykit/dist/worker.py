@@ -18,6 +18,7 @@ from paritykit.dist import lifeline as lifeline_mod
 from paritykit.dist.calls import add_to_sys_path, dumps_with_cpu_tensors, execute, rank_error_from
 from paritykit.dist.capacity import peak_resident_bytes
 from paritykit.dist.messages import STOP, CallRequest, InitError, Raised, Ready, Returned
+from paritykit.harness import line_coverage
 from paritykit.harness.devices import bind_rank
 from paritykit.harness.noise import quiet_known_noise
 
@@ -52,6 +53,7 @@ def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
 
     started = time.perf_counter()
+    line_coverage.start_in_rank()  # before torchrec is imported, when `paritykit coverage` asked
     quiet_known_noise()
     try:
         _init_process_group(spec)
@@ -123,6 +125,8 @@ def dist_state() -> tuple[int, int]:
 
 def _shutdown() -> None:
     import torch.distributed as dist
+
+    line_coverage.save_in_rank()
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--strict", action="store_true",
                       help="also fail when the known-issues file does not match what reproduces, or golden fixtures are missing")
     gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
-    gate.add_argument("--case", default=None, metavar="ID", help="run only this case (its short id from a report, or its full id)")
+    gate.add_argument("--case", action="append", default=None, metavar="ID",
+                      help="run only this case (its short id from a report, or its full id); repeatable")
     gate.add_argument("--compare-to", type=Path, default=None, metavar="REPORT_JSON",
                       help="compare with an older gate's report.json: new failures, fixed known issues, metrics that moved")
     gate.add_argument("--fixtures-dir", type=Path, default=None, metavar="DIR", help="golden fixtures to verify (default: those shipped)")
@@ -109,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     fixtures.add_argument("action", choices=("record", "verify"))
     fixtures.add_argument("--dir", type=Path, default=None, help="fixture directory (default: the fixtures shipped with paritykit)")
     fixtures.set_defaults(handler=run_fixtures)
+
+    from paritykit.gate.instrument_cli import add_coverage_parser, add_mutate_parser
+
+    add_coverage_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes)
+    add_mutate_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes)
 
     info = sub.add_parser("info", help="print versions, device and available backends")
     info.set_defaults(handler=run_info)
@@ -183,7 +189,7 @@ def run_gate(args: argparse.Namespace) -> int:
         seed=args.seed,
         report_dir=args.report,
         shrink=not args.no_shrink,
-        case=args.case,
+        case=None if not args.case else args.case[0] if len(args.case) == 1 else tuple(args.case),
         fixtures_dir=args.fixtures_dir,
         strict=args.strict,
     )

@@ -19,6 +19,7 @@ from paritykit.checks.pipeline.assertion import assert_pipeline_parity
 from paritykit.checks.pipeline.matrix import NAME, run_matrix
 from paritykit.checks.runner import CheckEntry
 
-CHECK = CheckEntry(NAME, plants="paritykit.checks.pipeline.plants", run=run_matrix)
+CHECK = CheckEntry(NAME, plants="paritykit.checks.pipeline.plants", run=run_matrix,
+                   oracle="a plain training loop over the same sharded model, anchored to the unsharded model")
 
 __all__ = ["CHECK", "assert_pipeline_parity"]

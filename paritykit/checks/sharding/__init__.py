@@ -11,6 +11,7 @@ plants.py      planted bugs in torchrec's sharded training
 from paritykit.checks.runner import CheckEntry
 from paritykit.checks.sharding.matrix import NAME, run_matrix
 
-CHECK = CheckEntry(NAME, plants="paritykit.checks.sharding.plants", run=run_matrix)
+CHECK = CheckEntry(NAME, plants="paritykit.checks.sharding.plants", run=run_matrix,
+                   oracle="the unsharded module trained with torchrec's gradient semantics and torch optimizers")
 
 __all__ = ["CHECK"]

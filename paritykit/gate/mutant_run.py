@@ -1,0 +1,144 @@
+"""One mutant against the gate: a throwaway copy of the installed torchrec with one line changed, put
+first on the path of a `paritykit gate` process that replays only the cases covering that line.
+
+The user's installed torchrec is never written: the copy lives in a temporary directory, found
+first through PYTHONPATH (the ranks inherit it). Outcomes:
+  incompetent      the mutated module does not import (not counted in the score)
+  killed           the gate failed a case (exit 1): a parity failure or a crash inside torchrec
+  killed (error)   the gate exited 2: paritykit's own code could not digest what torchrec returned
+  killed (timeout) the gate did not finish in time; its process group is killed
+  survived         every replayed case passed (exit 0)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paritykit.gate.coverage_run import CoveredCase
+from paritykit.gate.mutants import Mutant, MutantChange
+from paritykit.harness.line_coverage import RANK_CONFIG_ENV
+
+KILLED, KILLED_BY_ERROR, TIMEOUT, SURVIVED, INCOMPETENT, EQUIVALENT = (
+    "killed", "killed (error)", "killed (timeout)", "survived", "incompetent", "equivalent")
+KILLED_OUTCOMES = (KILLED, KILLED_BY_ERROR, TIMEOUT)
+IMPORT_TIMEOUT_S = 180.0
+DETAIL_LINES = 6
+
+
+@dataclass
+class MutantOutcome:
+    mutant: Mutant
+    before: str
+    after: str
+    status: str
+    cases: list[str] = field(default_factory=list)  # context labels "<check>|<short id>"
+    duration_s: float = 0.0
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.mutant.file, "line": self.mutant.line, "operator": self.mutant.operator,
+                "occurrence": self.mutant.occurrence, "before": self.before, "after": self.after,
+                "status": self.status, "cases": self.cases, "duration_s": round(self.duration_s, 1), "detail": self.detail}
+
+
+def choose_cases(candidates: list[CoveredCase], limit: int) -> list[CoveredCase]:
+    """Up to ``limit`` of the cases covering a line: the fastest of each check first, then the fastest."""
+    by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
+    chosen, checks = [], set()
+    for case in by_speed:
+        if case.check not in checks:
+            chosen.append(case)
+            checks.add(case.check)
+    chosen += [case for case in by_speed if case not in chosen]
+    return chosen[:limit]
+
+
+def module_name(relative: str) -> str:
+    parts = relative[: -len(".py")].split("/")
+    return ".".join(["torchrec"] + (parts[:-1] if parts[-1] == "__init__" else parts))
+
+
+def gate_command(gate: dict[str, Any], cases: list[CoveredCase]) -> list[str]:
+    command = [sys.executable, "-m", "paritykit", "gate", "--no-shrink", "--device", gate["device"],
+               "--world-size", ",".join(str(w) for w in gate["world_sizes"]), "--examples", str(gate["examples"]),
+               "--seed", str(gate["seed"])]
+    for check in sorted({case.check for case in cases}):
+        command += ["--check", check]
+    for case in cases:
+        command += ["--case", case.short_id]
+    return command
+
+
+def run_mutant(mutant: Mutant, change: MutantChange, root: Path, cases: list[CoveredCase], gate: dict[str, Any],
+               timeout_s: float) -> MutantOutcome:
+    outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, [case.label for case in cases])
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="paritykit-mutant-") as scratch:
+        env = _throwaway_torchrec(root, Path(scratch), mutant, change)
+        problem = _import_problem(mutant, scratch, env)
+        if problem is not None:
+            outcome.status, outcome.detail = INCOMPETENT, problem
+        else:
+            outcome.status, outcome.detail = _replay(gate_command(gate, cases), env, timeout_s)
+    outcome.duration_s = time.perf_counter() - started
+    return outcome
+
+
+def _throwaway_torchrec(root: Path, scratch: Path, mutant: Mutant, change: MutantChange) -> dict[str, str]:
+    """Copy torchrec into ``scratch`` with the mutated file; the environment that puts it first."""
+    copy = scratch / "torchrec"
+    shutil.copytree(root, copy, symlinks=True)
+    target = copy / mutant.file
+    for stale in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+        stale.unlink()
+    target.write_text(change.source)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(scratch)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.pop(RANK_CONFIG_ENV, None)
+    return env
+
+
+def _import_problem(mutant: Mutant, scratch: str, env: dict[str, str]) -> str | None:
+    """None when the mutated module imports from the throwaway copy; else why not (an incompetent mutant)."""
+    probe = (f"import torchrec, {module_name(mutant.file)}\n"
+             f"assert torchrec.__file__.startswith({scratch!r}), 'torchrec loaded from ' + torchrec.__file__")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"importing {module_name(mutant.file)} took over {IMPORT_TIMEOUT_S:g} s"
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+
+
+def _replay(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[str, str]:
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return TIMEOUT, f"no answer within {timeout_s:.0f} s"
+    if process.returncode == 0:
+        return SURVIVED, ""
+    status = KILLED_BY_ERROR if process.returncode == 2 else KILLED
+    return status, first_failure(output) or f"exit code {process.returncode}"
+
+
+def first_failure(output: str) -> str:
+    """The first failing case's header and first message lines from the gate's terminal output."""
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith(("[fail]", "[error]", "paritykit: error", "paritykit: internal error")):
+            return "\n".join(lines[index : index + DETAIL_LINES])
+    return "\n".join(lines[-DETAIL_LINES:])

@@ -1,0 +1,130 @@
+"""`paritykit mutate`: automatic mutants of the installed torchrec on lines the gate covers, each run
+against only the cases that cover its line; the mutation score and every survivor.
+
+    paritykit coverage --report cov/                 # once: which case runs which torchrec line
+    paritykit mutate --coverage cov/ --sample 200 --seed 0 --report mut/
+
+Without ``--coverage`` a coverage run of the default gate is made first (into ``<report>/coverage``).
+The score is killed / (sampled - incompetent - equivalent); timeouts and harness errors (exit 2) are
+kills, counted apart. The report directory gets mutants.json (every mutant: file, line, operator,
+the line before and after, the cases run, the outcome) and survivors.md (grouped by file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data
+from paritykit.gate.coverage_scope import relative_name, torchrec_dir
+from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
+                                       choose_cases, run_mutant)
+from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
+
+
+def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
+    """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory."""
+    by_label = {case.label: case for case in cases if case.status == "pass"}
+    root = torchrec_dir()
+    data = load_data(out_dir).get_data()
+    covered: dict[str, dict[int, list[CoveredCase]]] = {}
+    for measured in data.measured_files():
+        relative = relative_name(measured, root)
+        if relative is None:
+            continue
+        for line, labels in data.contexts_by_lineno(measured).items():
+            running = [by_label[label] for label in labels if label in by_label]
+            if running:
+                covered.setdefault(relative, {})[line] = running
+    return covered
+
+
+def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: int, timeout_s: float | None,
+               jobs: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Draw the sample, run every mutant, and return the results (``write_report`` renders them)."""
+    gate, cases = load_cases(coverage_dir)
+    root = torchrec_dir()
+    covered = covered_lines(coverage_dir, cases)
+    everything = population(root, {file: set(lines) for file, lines in covered.items()})
+    chosen = sample(everything, size, seed)
+    progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
+             f"{len(covered)} torchrec files); running {len(chosen)} (seed {seed})")
+    equivalents = load_equivalents()
+
+    def one(index_and_mutant: tuple[int, Mutant]) -> MutantOutcome:
+        index, mutant = index_and_mutant
+        change = change_of(root, mutant)
+        reason = equivalent_reason(mutant, change, equivalents)
+        if reason is not None:
+            outcome = MutantOutcome(mutant, change.before, change.after, EQUIVALENT, detail=reason)
+        else:
+            picked = choose_cases(covered[mutant.file][mutant.line], max_cases)
+            limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
+            outcome = run_mutant(mutant, change, root, picked, gate, limit)
+        progress(f"[{index + 1}/{len(chosen)}] {outcome.status:<16} {mutant.file}:{mutant.line} "
+                 f"{mutant.operator.split('/')[-1]} {change.describe()} ({len(outcome.cases)} cases, {outcome.duration_s:.0f} s)")
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
+        outcomes = list(executor.map(one, enumerate(chosen)))
+    return {"gate": gate, "seed": seed, "in_scope": len(everything), "covered_files": len(covered),
+            "outcomes": outcomes}
+
+
+def score(outcomes: list[MutantOutcome]) -> tuple[int, int]:
+    """(killed, counted): counted leaves out incompetent and equivalent mutants."""
+    counted = [o for o in outcomes if o.status not in (INCOMPETENT, EQUIVALENT)]
+    return sum(o.status in KILLED_OUTCOMES for o in counted), len(counted)
+
+
+def score_line(outcomes: list[MutantOutcome]) -> str:
+    killed, counted = score(outcomes)
+    share = f"{100.0 * killed / counted:.1f}%" if counted else "-"
+    return f"mutation score: {killed} of {counted} killed ({share})"
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    outcomes = result["outcomes"]
+    counts = Counter(o.status for o in outcomes)
+    lines = [f"{result['in_scope']} mutants in scope; sampled {len(outcomes)} (seed {result['seed']}): "
+             + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))]
+    survivors = [o for o in outcomes if o.status == SURVIVED]
+    if survivors:
+        lines.append(f"survivors ({len(survivors)}):")
+        lines += [f"  {o.mutant.file}:{o.mutant.line} {o.mutant.operator.split('/')[-1]}: `{o.before}` -> `{o.after}` "
+                  f"(cases {', '.join(o.cases)})" for o in survivors]
+    lines.append(score_line(outcomes))
+    return lines
+
+
+def write_report(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = result["outcomes"]
+    killed, counted = score(outcomes)
+    data = {"schema": 1, "gate": result["gate"], "seed": result["seed"], "in_scope": result["in_scope"],
+            "sampled": len(outcomes), "killed": killed, "counted": counted,
+            "by_status": dict(Counter(o.status for o in outcomes)), "mutants": [o.to_json() for o in outcomes]}
+    (out_dir / "mutants.json").write_text(json.dumps(data, indent=1))
+    (out_dir / "survivors.md").write_text(render_survivors(result))
+    return [out_dir / "mutants.json", out_dir / "survivors.md"]
+
+
+def render_survivors(result: dict[str, Any]) -> str:
+    outcomes = result["outcomes"]
+    lines = ["# Surviving mutants", "", score_line(outcomes), "",
+             f"{result['in_scope']} mutants in scope (mutation points on covered lines); sample of {len(outcomes)}, "
+             f"seed {result['seed']}; gate arguments {json.dumps(result['gate'])}.", ""]
+    by_file: dict[str, list[MutantOutcome]] = {}
+    for outcome in outcomes:
+        if outcome.status == SURVIVED:
+            by_file.setdefault(outcome.mutant.file, []).append(outcome)
+    for file, survivors in sorted(by_file.items()):
+        lines += [f"## {file}", ""]
+        lines += [f"- line {o.mutant.line}, {o.mutant.operator}: `{o.before}` -> `{o.after}`; cases run: "
+                  + ", ".join(f"`{label}`" for label in o.cases) for o in survivors]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""The mutation operators of `paritykit mutate`: which Cosmic Ray operators are kept, and the exact
+code each of paritykit's own operators produces."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cosmic_ray", reason="paritykit mutate needs cosmic-ray (requirements/tools.txt)")
+
+from paritykit.gate.mutants import (  # noqa: E402
+    Equivalent,
+    Mutant,
+    MutantChange,
+    equivalent_reason,
+    load_equivalents,
+    mutation_points,
+    sample,
+)
+from paritykit.gate.mutation_operators import mutate_source, operators  # noqa: E402
+from paritykit.errors import HarnessError  # noqa: E402
+
+SOURCE = """def f(a, b, x):
+    y = g(a.q, b[0], eps=1e-8, k=2)
+    h(x)
+    z = x[a:b]
+    if a < b and x:
+        return y
+    return z
+"""
+
+
+def _mutations(operator: str) -> list[str]:
+    found, occurrence = [], 0
+    while (mutated := mutate_source(SOURCE, operator, occurrence)) is not None:
+        compile(mutated, "<mutant>", "exec")
+        found.append(next(new for old, new in zip(SOURCE.splitlines(), mutated.splitlines()) if old != new).strip())
+        occurrence += 1
+    return found
+
+
+def test_binary_and_comparison_operators_are_replaced_only_within_their_family():
+    names = {name.split("/")[-1] for name in operators()}
+    assert "ReplaceBinaryOperator_Add_Sub" in names and "ReplaceBinaryOperator_Div_FloorDiv" in names
+    assert "ReplaceBinaryOperator_Add_LShift" not in names and "ReplaceBinaryOperator_Mul_BitOr" not in names
+    assert "ReplaceComparisonOperator_Lt_LtE" in names and "ReplaceComparisonOperator_Is_IsNot" in names
+    assert "ReplaceComparisonOperator_Eq_Is" not in names
+    assert {"AddNot", "NumberReplacer", "ReplaceAndWithOr", "SwapArguments", "DropKeywordArgument",
+            "RemoveStatement", "SliceBoundOffByOne"} <= names
+    assert not {"VariableReplacer", "VariableInserter", "RemoveDecorator", "ExceptionReplacer"} & names
+
+
+def test_swap_arguments_swaps_adjacent_positional_arguments_and_keeps_the_spacing():
+    assert _mutations("paritykit/SwapArguments") == ["y = g(b[0], a.q, eps=1e-8, k=2)"]
+
+
+def test_drop_keyword_argument_leaves_out_one_keyword_argument_at_a_time():
+    assert _mutations("paritykit/DropKeywordArgument") == ["y = g(a.q, b[0], k=2)", "y = g(a.q, b[0], eps=1e-8)"]
+
+
+def test_drop_keyword_argument_of_a_call_with_one_argument():
+    assert mutate_source("f(x=1)\n", "paritykit/DropKeywordArgument", 0) == "f()\n"
+
+
+def test_remove_statement_replaces_assignments_and_calls_with_pass():
+    assert _mutations("paritykit/RemoveStatement") == ["pass", "pass", "pass"]
+    assert mutate_source('"""doc"""\n', "paritykit/RemoveStatement", 0) is None
+
+
+def test_slice_bounds_move_by_one_each_way():
+    assert _mutations("paritykit/SliceBoundOffByOne") == [
+        "z = x[(a) + 1:b]", "z = x[(a) - 1:b]", "z = x[a:(b) + 1]", "z = x[a:(b) - 1]"]
+
+
+def test_mutation_points_are_numbered_per_operator_in_walk_order():
+    points = [(name, occurrence, line) for name, occurrence, line in mutation_points(SOURCE)
+              if name in ("paritykit/RemoveStatement", "core/NumberReplacer")]
+    assert points == [
+        ("paritykit/RemoveStatement", 0, 2), ("core/NumberReplacer", 0, 2), ("core/NumberReplacer", 1, 2),
+        ("core/NumberReplacer", 2, 2), ("core/NumberReplacer", 3, 2), ("core/NumberReplacer", 4, 2),
+        ("core/NumberReplacer", 5, 2), ("paritykit/RemoveStatement", 1, 3), ("paritykit/RemoveStatement", 2, 4)]
+
+
+def test_a_sample_is_a_function_of_the_seed():
+    mutants = [Mutant("sparse/x.py", line, "core/AddNot", 0) for line in range(100)]
+    assert sample(mutants, 10, seed=3) == sample(mutants, 10, seed=3)
+    assert sample(mutants, 10, seed=3) != sample(mutants, 10, seed=4)
+    assert len(set(sample(mutants, 10, seed=3))) == 10
+    assert sample(mutants, 500, seed=0) == mutants
+
+
+def test_an_equivalent_survivor_is_matched_by_its_text_not_its_line_number():
+    entry = Equivalent("sparse/x.py", "core/AddNot", "if a:", "if not a:", "a is always true here")
+    change = MutantChange("...", "if a:", "if not a:")
+    assert equivalent_reason(Mutant("sparse/x.py", 7, "core/AddNot", 0), change, [entry]) == "a is always true here"
+    assert equivalent_reason(Mutant("sparse/y.py", 7, "core/AddNot", 0), change, [entry]) is None
+
+
+def test_an_equivalent_mutant_without_a_reason_is_refused(tmp_path):
+    path = tmp_path / "equivalent.toml"
+    path.write_text('[[mutant]]\nfile = "sparse/x.py"\noperator = "core/AddNot"\nbefore = "if a:"\nafter = "if not a:"\n')
+    with pytest.raises(HarnessError, match="lacks \\['reason'\\]"):
+        load_equivalents(path)
+
+
+def test_the_checked_in_equivalent_list_loads():
+    for entry in load_equivalents():
+        assert entry.reason.strip()
