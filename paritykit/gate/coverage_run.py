@@ -94,8 +94,24 @@ def covered_case(result: CaseResult) -> CoveredCase:
 
 
 def _config_json(config: GateConfig, names: list[str]) -> dict[str, Any]:
+    from paritykit.harness.versions import installed_versions
+
     return {"checks": names, "device": config.device, "world_sizes": list(config.world_sizes),
-            "examples": config.examples, "seed": config.seed}
+            "examples": config.examples, "seed": config.seed, "torchrec_root": str(torchrec_dir()),
+            "versions": installed_versions()}
+
+
+def measured_root(gate: dict[str, Any]) -> Path:
+    """Where the measured torchrec lay; HarnessError when this environment has another torchrec version
+    (its lines would not be the measured ones)."""
+    from paritykit.harness.versions import installed_versions
+
+    here = installed_versions().get("torchrec")
+    measured = gate.get("versions", {}).get("torchrec")
+    if measured != here:
+        raise HarnessError(f"the coverage run measured torchrec {measured}, this environment has torchrec {here}: "
+                           "run `paritykit coverage` here first")
+    return Path(gate.get("torchrec_root") or torchrec_dir())
 
 
 def _combine(out_dir: Path) -> None:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data
+from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, measured_root
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
                                        choose_cases, run_mutant)
@@ -28,7 +28,7 @@ from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_eq
 def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
     """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory."""
     by_label = {case.label: case for case in cases if case.status == "pass"}
-    root = torchrec_dir()
+    root = measured_root(load_cases(out_dir)[0])  # the same torchrec may lie elsewhere here
     data = load_data(out_dir).get_data()
     covered: dict[str, dict[int, list[CoveredCase]]] = {}
     for measured in data.measured_files():
