@@ -12,6 +12,7 @@ the line before and after, the cases run, the outcome) and survivors.md (grouped
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +21,19 @@ from typing import Any, Callable
 
 from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, measured_root
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
+from paritykit.gate.coverage_summary import function_spans
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
                                        choose_cases, run_mutant)
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
 
 def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
-    """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory."""
+    """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory.
+
+    A module-level line (an import, a constant, a ``def`` line with its defaults) runs once, at
+    import, usually between cases; it counts as covered by every case that ran a line of the
+    file's functions, since those are what it defines.
+    """
     by_label = {case.label: case for case in cases if case.status == "pass"}
     root = measured_root(load_cases(out_dir)[0])  # the same torchrec may lie elsewhere here
     data = load_data(out_dir).get_data()
@@ -35,10 +42,15 @@ def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int
         relative = relative_name(measured, root)
         if relative is None:
             continue
-        for line, labels in data.contexts_by_lineno(measured).items():
-            running = [by_label[label] for label in labels if label in by_label]
-            if running:
-                covered.setdefault(relative, {})[line] = running
+        by_line = {line: [by_label[label] for label in labels if label in by_label]
+                   for line, labels in data.contexts_by_lineno(measured).items()}
+        in_functions, _ = function_spans(ast.parse(Path(measured).read_text()))
+        users = {case.label: case for line, running in by_line.items() if line in in_functions for case in running}
+        lines = {line: running or (list(users.values()) if line not in in_functions else [])
+                 for line, running in by_line.items()}
+        lines = {line: running for line, running in lines.items() if running}
+        if lines:
+            covered[relative] = lines
     return covered
 
 
