@@ -64,6 +64,14 @@ def test_drop_keyword_argument_of_a_call_with_one_argument():
 def test_remove_statement_replaces_assignments_and_calls_with_pass():
     assert _mutations("paritykit/RemoveStatement") == ["pass", "pass", "pass"]
     assert mutate_source('"""doc"""\n', "paritykit/RemoveStatement", 0) is None
+    assert mutate_source("x: int\n", "paritykit/RemoveStatement", 0) is None  # a bare annotation does nothing
+    assert mutate_source("x: int = 1\n", "paritykit/RemoveStatement", 0) == "pass\n"
+    assert mutate_source("x += 1\n", "paritykit/RemoveStatement", 0) == "pass\n"
+
+
+def test_no_mutant_is_made_inside_a_logging_statement():
+    source = "logger.info(f'{a + 1}', extra=2)\ny = a + 1\n"
+    assert {line for _, _, line in mutation_points(source)} == {2}
 
 
 def test_slice_bounds_move_by_one_each_way():

@@ -13,6 +13,7 @@ leaves them out of the denominator.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -68,59 +69,68 @@ def _share(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def function_spans(tree: ast.AST) -> tuple[set[int], dict[str, tuple[int, int]]]:
-    """(every line inside a function body, {public qualified name: (first body line, last line)})."""
+def function_spans(tree: ast.AST) -> tuple[set[int], dict[str, tuple[int, int]], set[str]]:
+    """(every line inside a function body, {qualified name: (first body line, last line)} of every
+    function, the public ones' names: not underscored, not inside a function or a private class)."""
     inside: set[int] = set()
-    public: dict[str, tuple[int, int]] = {}
+    spans: dict[str, tuple[int, int]] = {}
+    public: set[str] = set()
 
     def visit(node: ast.AST, prefix: str, exposed: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = child.body[0].lineno
+                first, name = child.body[0].lineno, f"{prefix}{child.name}"
                 inside.update(range(first, child.end_lineno + 1))
+                spans.setdefault(name, (first, child.end_lineno))
                 if exposed and not child.name.startswith("_"):
-                    public[f"{prefix}{child.name}"] = (first, child.end_lineno)
-                visit(child, f"{prefix}{child.name}.<locals>.", False)
+                    public.add(name)
+                visit(child, f"{name}.<locals>.", False)
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}{child.name}.", exposed and not child.name.startswith("_"))
             else:
                 visit(child, prefix, exposed)
 
     visit(tree, "", True)
-    return inside, public
+    return inside, spans, public
 
 
-def load_unreachable(path: Path = UNREACHABLE_FILE) -> dict[str, list[str]]:
-    """{torchrec-relative file: [qualified function names, or "*" for the whole file]}."""
+def load_unreachable(path: Path = UNREACHABLE_FILE) -> list[tuple[str, tuple[str, ...]]]:
+    """[(file pattern, function patterns; () for the whole file)] of the regions a CPU cannot run."""
     if not path.exists():
-        return {}
-    entries = tomllib.loads(path.read_text()).get("region", [])
-    found: dict[str, list[str]] = {}
-    for entry in entries:
-        found.setdefault(entry["file"], []).extend(entry.get("functions", ["*"]))
-    return found
+        return []
+    return [(entry["file"], tuple(entry.get("functions", ()))) for entry in tomllib.loads(path.read_text()).get("region", [])]
 
 
-def file_lines(cov: Any, path: Path, root: Path, oracle_labels: set[str], unreachable: dict[str, list[str]]) -> FileLines:
+def unreachable_lines(relative: str, spans: dict[str, tuple[int, int]], statements: set[int],
+                      regions: list[tuple[str, tuple[str, ...]]]) -> set[int]:
+    blocked: set[int] = set()
+    for file_pattern, patterns in regions:
+        if not fnmatch.fnmatch(relative, file_pattern):
+            continue
+        if not patterns:
+            return set(statements)
+        for name, (first, last) in spans.items():
+            if any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
+                blocked.update(range(first, last + 1))
+    return blocked & statements
+
+
+def file_lines(cov: Any, path: Path, root: Path, oracle_labels: set[str],
+               unreachable: list[tuple[str, tuple[str, ...]]]) -> FileLines:
     relative = relative_name(path, root) or str(path)
     _, statements, _, missing, _ = cov.analysis2(str(path))
     statements, executed = set(statements), set(statements) - set(missing)
     by_line = _contexts_by_line(cov, path)
     under_oracle = {line for line, labels in by_line.items() if oracle_labels.intersection(labels)}
     try:
-        inside, public = function_spans(ast.parse(path.read_text()))
+        inside, spans, public = function_spans(ast.parse(path.read_text()))
     except SyntaxError:
-        inside, public = set(), {}
-    blocked: set[int] = set()
-    for name in unreachable.get(relative, []):
-        if name == "*":
-            blocked |= statements
-        elif name in public:
-            first, last = public[name]
-            blocked.update(range(first, last + 1))
-    never = sorted(name for name, (first, last) in public.items()
-                   if not executed.intersection(range(first, last + 1)) and statements.intersection(range(first, last + 1)))
-    return FileLines(relative, statements, executed, under_oracle & statements, inside, blocked & statements, never)
+        inside, spans, public = set(), {}, set()
+    never = sorted(name for name in public
+                   if not executed.intersection(range(spans[name][0], spans[name][1] + 1))
+                   and statements.intersection(range(spans[name][0], spans[name][1] + 1)))
+    return FileLines(relative, statements, executed, under_oracle & statements, inside,
+                     unreachable_lines(relative, spans, statements, unreachable), never)
 
 
 def _contexts_by_line(cov: Any, path: Path) -> dict[int, list[str]]:

@@ -47,19 +47,28 @@ class MutantChange:
         return f"`{self.before}` -> `{self.after}`"
 
 
+# Statements that only log or warn: a mutant inside them cannot change what torchrec computes.
+LOGGING_PREFIXES = ("logger.", "logging.", "_logger.", "log.", "warnings.warn(", "print(")
+
+
 def mutation_points(source: str, ops: dict[str, Any] | None = None) -> list[tuple[str, int, int]]:
-    """(operator name, occurrence, start line) of every mutation point in ``source``."""
+    """(operator name, occurrence, start line) of every mutation point in ``source``, leaving out the
+    points inside logging statements (their occurrence numbers are kept, as ``mutate_code`` counts them)."""
     import parso
     from cosmic_ray.ast import ast_nodes
 
     ops = operators() if ops is None else ops
     tree = parso.parse(source)
     counts = {name: 0 for name in ops}
-    points = []
+    points, logging_lines = [], set()
     for node in ast_nodes(tree):
+        if node.type == "simple_stmt" and node.get_code(include_prefix=False).lstrip().startswith(LOGGING_PREFIXES):
+            # Up to the statement's last line (its newline leaf ends on the next one).
+            logging_lines.update(range(node.start_pos[0], node.children[-2].end_pos[0] + 1))
         for name, operator in ops.items():
             for start, _ in operator.mutation_positions(node):
-                points.append((name, counts[name], start[0]))
+                if start[0] not in logging_lines:
+                    points.append((name, counts[name], start[0]))
                 counts[name] += 1
     return points
 

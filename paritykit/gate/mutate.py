@@ -44,7 +44,7 @@ def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int
             continue
         by_line = {line: [by_label[label] for label in labels if label in by_label]
                    for line, labels in data.contexts_by_lineno(measured).items()}
-        in_functions, _ = function_spans(ast.parse(Path(measured).read_text()))
+        in_functions, _, _ = function_spans(ast.parse(Path(measured).read_text()))
         users = {case.label: case for line, running in by_line.items() if line in in_functions for case in running}
         lines = {line: running or (list(users.values()) if line not in in_functions else [])
                  for line, running in by_line.items()}

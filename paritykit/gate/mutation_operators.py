@@ -128,7 +128,10 @@ class RemoveStatement:
 
 def _removable(statement: Any) -> bool:
     if statement.type == "expr_stmt":
-        return True
+        # `x: T` alone declares a type and does nothing at run time.
+        return any((child.type == "operator" and child.value.endswith("=")) or
+                   (child.type == "annassign" and "=" in [c.value for c in child.children if c.type == "operator"])
+                   for child in statement.children[1:])
     # An expression statement that calls something (not a docstring, not `...`).
     return statement.type in ("atom_expr", "power") and any(
         child.type == "trailer" and child.children[0] == "(" for child in statement.children)
