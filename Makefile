@@ -11,7 +11,7 @@ STAMP := $(VENV)/.paritykit-installed
 STACK_DEPS := requirements/stack-$(STACK).txt
 STACK_TORCHREC := requirements/stack-$(STACK).torchrec.txt
 
-.PHONY: env gate test selftest bench clean stacks
+.PHONY: env gate test selftest bench coverage mutate clean stacks
 
 ifeq ($(wildcard $(STACK_DEPS)),)
 $(error STACK=$(STACK) is not declared: no $(STACK_DEPS) (declared: $(patsubst requirements/stack-%.txt,%,$(filter-out %.torchrec.txt,$(wildcard requirements/stack-*.txt)))))
@@ -39,6 +39,15 @@ selftest: env
 
 bench: env
 	$(BIN)/paritykit bench $(ARGS)
+
+# The instruments that measure the checks (docs/coverage.md): coverage of torchrec under the gate's
+# oracles, then a uniform sample of 200 mutants of covered lines (a release task: about two hours on
+# 2 cores).
+coverage: env
+	$(BIN)/paritykit coverage --report coverage-$(STACK) $(ARGS)
+
+mutate: env
+	$(BIN)/paritykit mutate --sample 200 --seed 0 --jobs 2 --report mutants-$(STACK) $(ARGS)
 
 stacks:
 	@echo $(patsubst requirements/stack-%.txt,%,$(filter-out %.torchrec.txt,$(wildcard requirements/stack-*.txt)))
