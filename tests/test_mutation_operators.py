@@ -113,3 +113,17 @@ def test_an_equivalent_mutant_without_a_reason_is_refused(tmp_path):
 def test_the_checked_in_equivalent_list_loads():
     for entry in load_equivalents():
         assert entry.reason.strip()
+
+
+def test_an_interrupted_run_resumes_from_its_journal_and_refuses_another_runs(tmp_path):
+    from paritykit.gate.mutant_journal import Journal
+    from paritykit.gate.mutant_run import KILLED, MutantOutcome
+
+    identity = {"cases_sha256": "abc", "seed": 0, "sample": 200, "max_cases": 6}
+    mutant = Mutant("sparse/x.py", 7, "core/AddNot", 0)
+    Journal(tmp_path, identity, resume=False).record(MutantOutcome(mutant, "if a:", "if not a:", KILLED, ["sharding|1"], 3.0, "x"))
+    resumed = Journal(tmp_path, identity, resume=True).done(mutant)
+    assert (resumed.mutant, resumed.status, resumed.cases) == (mutant, KILLED, ["sharding|1"])
+    assert Journal(tmp_path, identity, resume=False).done(mutant) is None  # a fresh run starts a fresh journal
+    with pytest.raises(HarnessError, match="belongs to another mutation run"):
+        Journal(tmp_path, {**identity, "seed": 1}, resume=True)

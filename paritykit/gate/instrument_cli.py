@@ -78,6 +78,8 @@ def add_mutate_parser(sub, *, examples: int, positive_int, world_sizes) -> None:
     mutate.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds per mutant (default: 120 + 4x the covering cases' measured time)")
     mutate.add_argument("--jobs", type=positive_int, default=1, help="mutants run at once")
+    mutate.add_argument("--resume", action="store_true",
+                        help="reuse the outcomes journaled in REPORT by an interrupted run with the same arguments")
     add_gate_run_options(mutate, examples=examples, positive_int=positive_int, world_sizes=world_sizes)
     mutate.set_defaults(handler=run_mutate_command)
 
@@ -93,7 +95,8 @@ def run_mutate_command(args: argparse.Namespace) -> int:
         coverage_dir = args.report / "coverage"
         run_coverage_command(argparse.Namespace(**{**vars(args), "report": coverage_dir, "seed": 0, "no_html": True}))
     result = run_sample(coverage_dir, args.sample, args.seed, max_cases=args.max_cases, timeout_s=args.timeout,
-                        jobs=args.jobs, progress=lambda line: print(line, flush=True))
+                        jobs=args.jobs, progress=lambda line: print(line, flush=True), journal_dir=args.report,
+                        resume=args.resume)
     written = write_report(result, args.report)
     print(f"wrote {', '.join(str(path) for path in written)}")
     for line in summary_lines(result):

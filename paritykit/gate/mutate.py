@@ -24,6 +24,7 @@ from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
                                        choose_cases, run_mutant)
+from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
 
@@ -55,9 +56,12 @@ def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int
 
 
 def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: int, timeout_s: float | None,
-               jobs: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Draw the sample, run every mutant, and return the results (``write_report`` renders them)."""
+               jobs: int = 1, progress: Callable[[str], None] = print, journal_dir: Path | None = None,
+               resume: bool = False) -> dict[str, Any]:
+    """Draw the sample, run every mutant, and return the results (``write_report`` renders them).
+    With ``journal_dir`` every outcome is journaled as it finishes; ``resume`` reuses a journal's."""
     gate, cases = load_cases(coverage_dir)
+    journal = Journal(journal_dir, run_identity(coverage_dir, seed, size, max_cases), resume) if journal_dir else None
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
@@ -70,12 +74,18 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
         index, mutant = index_and_mutant
         change = change_of(root, mutant)
         reason = equivalent_reason(mutant, change, equivalents)
+        resumed = journal.done(mutant) if journal else None
+        if resumed is not None and reason is None:
+            progress(f"[{index + 1}/{len(chosen)}] {resumed.status:<16} {mutant.file}:{mutant.line} (from the journal)")
+            return resumed
         if reason is not None:
             outcome = MutantOutcome(mutant, change.before, change.after, EQUIVALENT, detail=reason)
         else:
             picked = choose_cases(covered[mutant.file][mutant.line], max_cases)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
             outcome = run_mutant(mutant, change, root, picked, gate, limit)
+            if journal:
+                journal.record(outcome)
         progress(f"[{index + 1}/{len(chosen)}] {outcome.status:<16} {mutant.file}:{mutant.line} "
                  f"{mutant.operator.split('/')[-1]} {change.describe()} ({len(outcome.cases)} cases, {outcome.duration_s:.0f} s)")
         return outcome
