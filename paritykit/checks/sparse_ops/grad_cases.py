@@ -189,13 +189,13 @@ def _expect_kjt_grads(kjt, tagged, inputs, where: str, seed: int) -> None:
 
 
 def grad_cases() -> list[OpCase]:
-    regroups = regroups(dtypes=GRAD_DTYPES, key_dims=(1,)).filter(regroup_drawable)
+    drawn_regroups = regroups(dtypes=GRAD_DTYPES, key_dims=(1,)).filter(regroup_drawable)
     pinned_regroups = tuple(Regroup(PINNED_KTS, g) for g in PINNED_GROUPS)
     paddeds = st.builds(PaddedGrad, jt_specs(value_dtypes=GRAD_DTYPES, weight_dtypes=GRAD_DTYPES, dims=(0, 2)),
                         st.one_of(st.none(), st.integers(0, 5))).filter(lambda p: jt_padding_drawable(p.jt, p.desired_length))
     dense = jt_specs(min_rows=1, value_dtypes=GRAD_DTYPES, dims=(0, 2)).filter(lambda s: max(s.lengths) > 0)
     return [
-        OpCase("grad.kt.regroup", regroups, _regroup_grads, pinned_regroups),
+        OpCase("grad.kt.regroup", drawn_regroups, _regroup_grads, pinned_regroups),
         OpCase("grad.kt.from_tensor_list+getitem+to_dict", regroups(dtypes=GRAD_DTYPES), _kt_grads, pinned_regroups[:1]),
         OpCase("grad.jt.to_padded_dense+weights", paddeds, _padded_grads, (PaddedGrad(PINNED_JT, 2), PaddedGrad(PINNED_JT_2D, None))),
         OpCase("grad.jt.from_dense+from_dense_lengths+to_dense", dense, _dense_grads, (PINNED_JT, PINNED_JT_2D)),

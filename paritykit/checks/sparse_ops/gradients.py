@@ -80,7 +80,12 @@ def expect_grads(outputs: list[tuple[Any, Array]], inputs: dict[str, torch.Tenso
             tensors.append(actual)
             grads.append(torch.tensor(list(upstream), dtype=actual.dtype).reshape(tags.shape))
     if tensors:
-        torch.autograd.backward(tensors, grads)
+        try:
+            torch.autograd.backward(tensors, grads)
+        except RuntimeError as exc:
+            # The engine runs the ops' backward functions in C++, so the traceback ends here; the
+            # upstream gradients were checked against the outputs' shapes above: the op's fault.
+            raise ParityError(f"{where}: the backward of torchrec's op raised {type(exc).__name__}: {exc}") from exc
     for name, tensor in inputs.items():
         expected = reference_grad(list(zip([t for _, t in outputs], upstreams)), name, tensor.numel())
         actual = tensor.grad

@@ -9,6 +9,7 @@ that one runs on a rank of the pool, where a crash is a RankFailure; the others 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -80,8 +81,10 @@ def _vbe_permute_no_grad() -> None:
     ref = VBE.reference()
     kjt = build_kjt(ref, grad=True)
     want = kjt_permute(tag_kjt(ref, "values"), [1, 0])
-    expect_grads([(kjt.permute([1, 0]).weights(), Array((len(want.flat_weights()),), want.flat_weights(), None))],
-                 {"values.weights": kjt.weights()}, "VBE kjt.permute([1, 0])", 48)
+    with warnings.catch_warnings():  # torch warns that permute_1D_sparse_data has no autograd kernel: the defect itself
+        warnings.simplefilter("ignore", UserWarning)
+        expect_grads([(kjt.permute([1, 0]).weights(), Array((len(want.flat_weights()),), want.flat_weights(), None))],
+                     {"values.weights": kjt.weights()}, "VBE kjt.permute([1, 0])", 48)
 
 
 def _multi_embedding_unused_key_grad() -> None:
