@@ -3,7 +3,8 @@
 ``kjt.split``, ``kjt.permute`` (a key taken twice or left out, indices tensor given or not),
 ``kjt.to_dict`` (and ``ComputeKJTToJTDict``, ``compute_offsets=False``), ``kjt.getitem``,
 ``kjt.flatten_lengths``, ``kjt.concat``, ``kjt.to`` (dtype casts the weights only), ``kjt.copy_``,
-``kjt.pytree`` (flatten and unflatten, as torch.export and dynamo take a KJT apart).
+``kjt.pytree`` (flatten and unflatten, as torch.export and dynamo take a KJT apart),
+``kjt.clear_storage`` (what the training pipeline frees early).
 """
 
 from __future__ import annotations
@@ -165,6 +166,18 @@ def _copy(spec: KJTSpec) -> None:
     expect_kjt(target, ref, "target.copy_(kjt)")
 
 
+def _clear_storage(spec: Permute) -> None:
+    """clear_storage frees the KJT's tensors and says how many bytes; what permute made before stays
+    (the training pipeline frees a batch's KJT once its modules have permuted their features out)."""
+    ref = spec.kjt.reference()
+    kjt = build_kjt(ref, spec.kjt.form, spec.kjt.metadata)
+    permuted = kjt.permute(list(spec.indices))
+    held = [t for t in (kjt.values(), kjt.lengths_or_none(), kjt.offsets_or_none(), kjt.weights_or_none()) if t is not None]
+    expect_value(kjt.clear_storage(), sum(t.numel() * t.element_size() for t in held), "kjt.clear_storage()")
+    expect_value([t.untyped_storage().size() for t in held], [0] * len(held), "storage bytes after kjt.clear_storage()")
+    expect_kjt(permuted, kjt_permute(ref, list(spec.indices)), "kjt.permute(...) made before kjt.clear_storage()", inverse=False)
+
+
 def _pytree(spec: KJTSpec) -> None:
     from torch.utils import _pytree as pytree
 
@@ -191,6 +204,7 @@ def kjt_op_cases() -> list[OpCase]:
         OpCase("kjt.to", moves, _move_to, (MoveTo(PINNED_VBE, True, "float16"),)),
         OpCase("kjt.copy_", kjts, _copy, PINNED_KJTS),
         OpCase("kjt.pytree", kjts, _pytree, PINNED_KJTS),
+        OpCase("kjt.clear_storage", _permutes(), _clear_storage, pinned_permutes[:2]),
     ]
 
 

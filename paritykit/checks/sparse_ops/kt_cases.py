@@ -59,6 +59,7 @@ def _accessors(specs: tuple[KTSpec, ...]) -> None:
         where = f"kts[{i}]"
         expect_value((kt.keys(), kt.length_per_key(), kt.key_dim()), (list(ref.keys), list(ref.dims), ref.key_dim), f"{where} keys, length_per_key, key_dim")
         expect_value(kt.offset_per_key(), ref.offset_per_key(), f"{where}.offset_per_key()")
+        expect_value(kt.size_in_bytes(), len(ref.values_array().flat) * kt.values().element_size(), f"{where}.size_in_bytes()")
         expect_array(kt.values(), ref.values_array(), f"{where}.values()")
         for key in ref.keys:
             expect_array(kt[key], kt_getitem(ref, key), f"{where}[{key!r}]")
