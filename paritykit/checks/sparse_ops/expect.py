@@ -68,7 +68,7 @@ def expect_jt(actual: Any, expected: RefJT, where: str) -> None:
     expect_array(actual.weights_or_none(), weights, f"{where}.weights_or_none()")
 
 
-def expect_kjt(actual: Any, expected: RefKJT, where: str, *, inverse: bool = True, stride: bool = True) -> None:
+def expect_kjt(actual: Any, expected: RefKJT, where: str, *, inverse: bool = True) -> None:
     """Keys, tensors, then the metadata the KJT reports (computed by torchrec where it was not given)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -87,8 +87,7 @@ def expect_kjt(actual: Any, expected: RefKJT, where: str, *, inverse: bool = Tru
     expect_value(actual.variable_stride_per_key(), expected.variable, f"{where}.variable_stride_per_key()")
     expect_value(actual.stride_per_key(), expected.stride_per_key(), f"{where}.stride_per_key()")
     expect_value(actual.stride_per_key_per_rank(), expected.stride_per_key_per_rank(), f"{where}.stride_per_key_per_rank()")
-    if stride:
-        expect_value(actual.stride(), expected.stride(), f"{where}.stride()")
+    expect_value(actual.stride(), expected.stride(), f"{where}.stride()")
     expect_value(actual.length_per_key(), expected.length_per_key(), f"{where}.length_per_key()")
     expect_value(actual.offset_per_key(), expected.offset_per_key(), f"{where}.offset_per_key()")
     expect_value(actual.lengths_offset_per_key(), cumsum(expected.stride_per_key()), f"{where}.lengths_offset_per_key()")
@@ -99,6 +98,7 @@ def expect_kjt(actual: Any, expected: RefKJT, where: str, *, inverse: bool = Tru
 
 
 def expect_inverse(actual: Any, expected: RefKJT, where: str) -> None:
+    """The inverse indices a KJT carries (``actual``: its inverse_indices_or_none())."""
     if expected.inverse is None or actual is None:
         expect_value(actual is None, expected.inverse is None, f"{where}.inverse_indices_or_none() is None")
         return

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.sparse_ops.build import build_jt, build_kjt, torch_dtype
 from paritykit.checks.sparse_ops.cases import OpCase
-from paritykit.checks.sparse_ops.expect import expect_array, expect_kjt, expect_value, ints
+from paritykit.checks.sparse_ops.expect import expect_array, expect_inverse, expect_kjt, expect_value, ints
 from paritykit.checks.sparse_ops.reference import Array, RefKJT, kjt_from_jt_dict
 from paritykit.checks.sparse_ops.rules import OFFSETS_ZERO_BATCH, kept_out, kjt_drawable, zero_batch
 from paritykit.checks.sparse_ops.specs import FORMS, KJTSpec, kjt_specs
@@ -49,6 +49,8 @@ def _accessors(spec: KJTSpec) -> None:
     if not ref.variable:
         expect_value(kjt.size_in_bytes(), _size_in_bytes(ref, spec.form), "kjt.size_in_bytes()")
     expect_kjt(kjt, ref, "kjt")
+    if ref.inverse is not None:
+        expect_inverse(kjt.inverse_indices(), ref, "kjt (inverse_indices())")
     expect_value(kjt.unsync().length_per_key_or_none(), None, "kjt.unsync().length_per_key_or_none()")
     expect_value(kjt.sync().offset_per_key_or_none(), ref.offset_per_key(), "kjt.sync().offset_per_key_or_none()")
     if ref.weights is not None:
