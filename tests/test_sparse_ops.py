@@ -85,9 +85,8 @@ def test_known_broken_cases_fail_here_as_listed_known_issues_or_pass_where_fixed
     assert {rule: s for rule, s in statuses.items() if rule not in fixed} == expected
 
 
-@pytest.mark.world_size(1)
 def test_the_permute_gradient_that_kills_its_process_fails_on_a_rank(rank_pools):
-    results = [r for r in run_known_broken(GateConfig(device="cpu", world_sizes=(1,)), rank_pools)
+    results = [r for r in run_known_broken(GateConfig(device="cpu", world_sizes=(2,)), rank_pools)
                if rules.PERMUTE_GRAD_NOT_BIJECTIVE in r.case_id]
     assert [r.status for r in results] == ["fail"], results[0].message
     assert "SIGSEGV" in results[0].message or "gradient" in results[0].message
