@@ -111,3 +111,22 @@ def test_a_gate_run_without_pools_fails_nothing_but_the_known_broken_cases():
 def test_on_cuda_the_check_says_it_runs_on_cpu_only():
     (result,) = run_matrix(GateConfig(device="cuda"), None)
     assert (result.status, result.message.startswith("the sparse-ops check builds its tensors on CPU")) == ("skip", True)
+
+
+def test_under_torchrun_the_crashing_case_is_skipped_on_the_launchs_ranks(monkeypatch):
+    from paritykit.checks.runner import NOT_UNDER_TORCHRUN
+    from paritykit.checks.sparse_ops import matrix
+    from paritykit.dist.launcher import LauncherGroup
+
+    launch = LauncherGroup.__new__(LauncherGroup)  # the launch's ranks, never started here
+    asked = []
+
+    class LaunchPools:
+        def get(self, world_size, backend=None):
+            asked.append(world_size)
+            return launch
+
+    monkeypatch.setattr(matrix, "launched_by_torchrun", lambda: True)
+    results = [r for r in run_known_broken(GateConfig(device="cpu", world_sizes=(4,)), LaunchPools())
+               if rules.PERMUTE_GRAD_NOT_BIJECTIVE in r.case_id]
+    assert (asked, [(r.status, r.message) for r in results]) == ([4], [("skip", NOT_UNDER_TORCHRUN)])

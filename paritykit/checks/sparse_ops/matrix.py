@@ -21,6 +21,7 @@ from paritykit.checks.sparse_ops.kjt_op_cases import kjt_op_cases
 from paritykit.checks.sparse_ops.known_broken import KNOWN_BROKEN, run_on_rank
 from paritykit.checks.sparse_ops.kt_cases import kt_cases
 from paritykit.checks.sparse_ops.op_budgets import op_budgets
+from paritykit.dist.launcher import launched_by_torchrun
 
 NAME = "sparse-ops"
 CPU_ONLY = "the sparse-ops check builds its tensors on CPU in this version (the ops' CUDA kernels are not compared)"
@@ -56,8 +57,9 @@ def run_known_broken(config: GateConfig, pools: Any) -> list[CaseResult]:
             results.append(CaseResult(NAME, case_id, "skip", replay=config.replay(NAME, case_id), message=NO_POOL))
         else:
             # One rank (no collective is involved): its crash restarts only that pool, never the
-            # pools the other checks run on at their world sizes.
-            pool = pools.get(CRASH_POOL_WORLD_SIZE)
+            # pools the other checks run on at their world sizes. Under torchrun the only ranks are
+            # the launch's, and run_known_broken_case reports the case skipped there.
+            pool = pools.get(min(config.world_sizes) if launched_by_torchrun() else CRASH_POOL_WORLD_SIZE)
             results.append(run_known_broken_case(NAME, case_id, config, pool, lambda pool=pool: run_on_rank(pool)))
     return results
 
