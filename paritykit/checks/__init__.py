@@ -42,6 +42,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "sharding": "paritykit.checks.sharding",
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
+    "sparse-ops": "paritykit.checks.sparse_ops",
     "fixtures": "paritykit.checks.golden",
 }
 

@@ -1,0 +1,58 @@
+"""Inputs that torchrec gets wrong, by name: kept out of the draws wherever a known issue lists them
+(paritykit/checks/known_issues.toml, ``draws = { rule = NAME }``) and not fixed, and run on purpose
+by the known-broken cases (known_broken.py). Each predicate says which drawn input is such a case.
+"""
+
+from __future__ import annotations
+
+from paritykit.checks.known_issues import rule_kept_out
+from paritykit.checks.sparse_ops.specs import JTSpec, KJTSpec
+
+# KeyedJaggedTensor.to_dict of a KJT with keys and no samples: IndexError (torchrec 1.8).
+TO_DICT_ZERO_BATCH = "kjt-to-dict-zero-batch"
+# A KJT given only offsets (no lengths, no length_per_key) with no samples: length_per_key fails.
+OFFSETS_ZERO_BATCH = "kjt-offsets-zero-batch"
+# JaggedTensor.to_padded_dense / _weights of a JT with no rows and no desired_length fails.
+PADDED_DENSE_NO_ROWS = "jt-to-padded-dense-no-rows"
+# KeyedTensor.regroup of key_dim-0 KeyedTensors, every key once: joined along dim 1.
+REGROUP_KEY_DIM_0 = "kt-regroup-key-dim-0"
+# The gradient of the weights through KJT.permute with a key taken twice or left out.
+PERMUTE_GRAD_NOT_BIJECTIVE = "kjt-permute-weights-grad-not-bijective"
+# The gradient of the weights through a VBE KJT's permute.
+VBE_PERMUTE_NO_GRAD = "vbe-kjt-permute-weights-no-grad"
+# The gradient of a key left out of every group, through fbgemm's permute_multi_embedding
+# (KTRegroupAsDict, permute_multi_embedding, regroup_kts).
+MULTI_EMBEDDING_UNUSED_KEY_GRAD = "kt-multi-embedding-unused-key-grad"
+
+RULES = (TO_DICT_ZERO_BATCH, OFFSETS_ZERO_BATCH, PADDED_DENSE_NO_ROWS, REGROUP_KEY_DIM_0,
+         PERMUTE_GRAD_NOT_BIJECTIVE, VBE_PERMUTE_NO_GRAD, MULTI_EMBEDDING_UNUSED_KEY_GRAD)
+
+
+def kept_out(rule: str) -> bool:
+    return rule_kept_out(rule) is not None
+
+
+def zero_batch(spec: KJTSpec) -> bool:
+    """A fixed batch of no samples with keys."""
+    return bool(spec.keys) and spec.strides is None and spec.batch_size == 0
+
+
+def offsets_only_zero_batch(spec: KJTSpec) -> bool:
+    return zero_batch(spec) and spec.form == "offsets" and not spec.metadata
+
+
+def kjt_drawable(spec: KJTSpec, *, to_dict: bool = False) -> bool:
+    """Whether a drawn KJT may run on this stack: not a combination a standing known issue lists."""
+    if offsets_only_zero_batch(spec) and kept_out(OFFSETS_ZERO_BATCH):
+        return False
+    return not (to_dict and zero_batch(spec) and kept_out(TO_DICT_ZERO_BATCH))
+
+
+def jt_padding_drawable(spec: JTSpec, desired_length: int | None) -> bool:
+    return not (not spec.lengths and desired_length is None and kept_out(PADDED_DENSE_NO_ROWS))
+
+
+def permute_grad_drawable(indices: tuple[int, ...], keys: int, variable: bool) -> bool:
+    if variable and kept_out(VBE_PERMUTE_NO_GRAD):
+        return False
+    return sorted(indices) == list(range(keys)) or not kept_out(PERMUTE_GRAD_NOT_BIJECTIVE)
