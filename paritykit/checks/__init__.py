@@ -42,6 +42,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "sharding": "paritykit.checks.sharding",
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
+    "optim": "paritykit.checks.optim",
     "fixtures": "paritykit.checks.golden",
 }
 

@@ -1,0 +1,108 @@
+"""Combinations of torchrec's optimizer wrappers that fail inside torchrec: kept out of the draws
+while their known-issues entry applies, and run on purpose as ``known-broken <rule>`` cases.
+
+- ``warmup-resume-through-combined-optimizer``: ``WarmupOptimizer`` keeps its iteration in the
+  state mapping it was handed at construction; over a ``CombinedOptimizer`` (and any wrapper of
+  one: DMP's fused optimizer, a ``GradientClippingOptimizer`` of it) that mapping is a copy built
+  by a property, so ``state_dict()`` never carries the iteration and after ``load_state_dict`` the
+  schedule starts again at iteration 0.
+- ``resume-with-dense-table-missing-on-a-rank``: a dense-kernel table without a shard on some rank
+  leaves that rank an empty placeholder parameter; training never gives it a gradient (so no
+  optimizer state), ``init_state()`` does, and ``load_state_dict`` of the trained state then fails
+  ("Different parameter count").
+- ``warmup-inv-sqrt-first-stage``: a ``WarmupOptimizer`` whose first stage is ``INVSQRT`` computes
+  1 / sqrt(0) for iteration 0 when it is built (ZeroDivisionError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from paritykit.checks import known_issues
+from paritykit.checks.optim.cases import OptimCase
+from paritykit.checks.optim.dense_cases import ScheduleCase
+from paritykit.checks.optim.pinned import WARMUP, pinned_cases
+from paritykit.engine.optim_wrapping import Warmup, WarmupStageSpec
+
+
+@dataclass(frozen=True)
+class BrokenCombination:
+    name: str
+    applies: Callable[[Any], bool]
+    repair: Callable[[Any], Any]
+    min_world_size: int = 1
+
+    def kept_out(self) -> str | None:
+        return known_issues.rule_kept_out(self.name)
+
+
+def _warmup_resume(case: Any) -> bool:
+    return isinstance(case, OptimCase) and case.wrapping.warmup is not None and case.wrapping.resume_at is not None
+
+
+def tables_missing_on_a_rank(case: OptimCase) -> tuple[str, ...]:
+    """Dense-kernel model-parallel tables that some rank holds no shard of."""
+    missing = []
+    for table in case.model_parallel_dense_tables():
+        entry = case.plan[table]
+        ranks = {entry[1]} if entry[0] == "table_wise" else set(entry[1]) if entry[0] == "column_wise" else set(range(case.world_size))
+        if len(ranks) < case.world_size:
+            missing.append(table)
+    return tuple(missing)
+
+
+def _missing_on_a_rank(case: Any) -> bool:
+    return isinstance(case, OptimCase) and case.wrapping.resume_at is not None and bool(tables_missing_on_a_rank(case))
+
+
+def _without_resume(case: OptimCase) -> OptimCase:
+    return dataclasses.replace(case, wrapping=dataclasses.replace(case.wrapping, resume_at=None))
+
+
+def _fused_where_missing(case: OptimCase) -> OptimCase:
+    return dataclasses.replace(case, kernels={**case.kernels, **{t: "fused" for t in tables_missing_on_a_rank(case)}})
+
+
+def _inv_sqrt_first(case: Any) -> bool:
+    return isinstance(case, ScheduleCase) and case.warmup.stages[0].policy == "inv_sqrt"
+
+
+def _linear_first(case: ScheduleCase) -> ScheduleCase:
+    first, *rest = case.warmup.stages
+    linear = WarmupStageSpec("linear", first.max_iters, 0.5)
+    return dataclasses.replace(case, warmup=Warmup((linear, *rest), case.warmup.lr))
+
+
+RULES = (
+    BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
+    BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
+    BrokenCombination("warmup-inv-sqrt-first-stage", _inv_sqrt_first, _linear_first),
+)
+
+
+def repair(case: Any) -> Any:
+    """The case changed so that no rule kept out of the draws on this stack applies to it."""
+    for rule in RULES:
+        if rule.kept_out() is not None and rule.applies(case):
+            case = rule.repair(case)
+    return case
+
+
+def known_broken_cases(world_size: int) -> dict[str, Any]:
+    """A minimal reproduction of every rule (sharded ones at ``world_size``)."""
+    last = world_size - 1
+    round_trip = pinned_cases(world_size)[-1]
+    return {
+        "warmup-resume-through-combined-optimizer": dataclasses.replace(
+            pinned_cases(world_size)[3], wrapping=dataclasses.replace(pinned_cases(world_size)[3].wrapping, resume_at=3),
+            label="warm-up resumed from its state dict"),
+        # A dense table on each end of the world: every rank holds a placeholder and fails alike
+        # (no rank is left waiting in a collective, so the pool keeps its ranks).
+        "resume-with-dense-table-missing-on-a-rank": dataclasses.replace(
+            round_trip, plan={**round_trip.plan, "t0": ("table_wise", 0), "t1": ("table_wise", last)},
+            label="resumed with dense tables on one rank each"),
+        "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),
+    }
+
