@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paritykit.checks.optim.case_runner import optim_setup, run_optim_case
-from paritykit.checks.optim.dense_cases import run_dense_case
+from paritykit.checks.optim.dense_runner import run_dense_case
 from paritykit.checks.optim.matrix import pinned_dense_cases
 from paritykit.checks.optim.pinned import pinned_cases
 from paritykit.compare import find_differences

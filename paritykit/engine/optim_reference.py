@@ -112,6 +112,11 @@ def _lr_changes(wrapping: OptimizerWrapping, optimizers: dict[str, Any], step: i
         if change.step == step and change.group in optimizers:
             for group in optimizers[change.group].param_groups:
                 group["lr"] *= change.factor
+    # update_hyper_parameters reaches the fused optimizer only (torch's have no such method).
+    for hyper in wrapping.hyper_parameter_changes:
+        if hyper.step == step and "fused" in optimizers:
+            for group in optimizers["fused"].param_groups:
+                group.update(dict(hyper.values))
 
 
 def train_wrapped_reference(setup: TrainingSetup, wrapping: OptimizerWrapping, division: bool = True) -> tuple[TrainingRecord, dict[str, Any]]:

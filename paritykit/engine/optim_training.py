@@ -100,6 +100,9 @@ def train_wrapped_on_rank(setup: TrainingSetup, wrapping: OptimizerWrapping) -> 
             if change.step == step:
                 for group in run.groups_of(change.group):
                     group["lr"] = group["lr"] * change.factor
+        for change in wrapping.hyper_parameter_changes:
+            if change.step == step:
+                run.outer.update_hyper_parameters(dict(change.values))
         lrs.append(run.lrs())
         batch = to_device(step_batches[rank], device)
         run.outer.zero_grad()

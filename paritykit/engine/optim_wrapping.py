@@ -124,11 +124,21 @@ class LearningRateChange:
 
 
 @dataclass(frozen=True)
+class HyperParameterChange:
+    """Before step ``step`` the user calls ``update_hyper_parameters(dict(values))`` on the outermost
+    wrapper: it reaches the optimizers that have the method (fbgemm's fused ones), not torch's."""
+
+    step: int
+    values: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class OptimizerWrapping:
     dense: tuple[DenseGroup, ...] = (DenseGroup("dense"),)
     clipping: Clipping | None = None
     warmup: Warmup | None = None
     lr_changes: tuple[LearningRateChange, ...] = ()
+    hyper_parameter_changes: tuple[HyperParameterChange, ...] = ()
     # Before this step: state_dict() of the wrappers, then a fresh sharded model and fresh wrappers,
     # init_state(), the model's state and load_state_dict(): training continues from there.
     resume_at: int | None = None
@@ -150,6 +160,7 @@ class OptimizerWrapping:
         parts += [self.clipping.describe()] if self.clipping else []
         parts += [self.warmup.describe()] if self.warmup else []
         parts += [f"lr x{c.factor:g} on {c.group} before step {c.step}" for c in self.lr_changes]
+        parts += [f"update_hyper_parameters({dict(c.values)}) before step {c.step}" for c in self.hyper_parameter_changes]
         parts += [f"resume before step {self.resume_at}"] if self.resume_at is not None else []
         return " ".join(parts)
 

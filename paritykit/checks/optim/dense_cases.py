@@ -24,7 +24,7 @@ from paritykit.engine.optim_schedule import scheduled_lr
 from paritykit.engine.optim_wrapping import Warmup, warmup_stages
 from paritykit.engine.tolerances import normwise
 from paritykit.errors import ParityError
-from paritykit.harness.seeding import generator, stable_seed
+from paritykit.harness.seeding import generator
 
 SHAPES = ((6, 1), (5, 4), (3, 8))
 
@@ -34,9 +34,12 @@ class RowWiseCase:
     kwargs: tuple[tuple[str, Any], ...]
     steps: int = 4
     seed: int = 0
+    # Before this step: a fresh RowWiseAdagrad loads the state_dict (torch's, through __setstate__).
+    resume_at: int | None = None
 
     def case_id(self) -> str:
-        return f"dense row-wise Adagrad {dict(self.kwargs)} steps={self.steps} seed={self.seed}"
+        resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
+        return f"dense row-wise Adagrad {dict(self.kwargs)} steps={self.steps}{resume} seed={self.seed}"
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,13 @@ def run_row_wise(case: RowWiseCase) -> dict[str, Any]:
     one_column = [p for p in ours.values() if p.shape[1] == 1]
     wider = [p for p in ours.values() if p.shape[1] > 1]
     references = [torch.optim.Adagrad(one_column, **kwargs), HandRowWiseAdagrad(wider, {}, **kwargs)]
+    optimizer.share_memory()  # what a Hogwild!-style user does: the accumulators move to shared memory
+    if not all(optimizer.state[p]["sum"].is_shared() for p in theirs.values()):
+        raise ParityError(f"{case.case_id()}: RowWiseAdagrad.share_memory() left an accumulator unshared")
     for step in range(case.steps):
+        if step == case.resume_at:
+            saved, optimizer = optimizer.state_dict(), RowWiseAdagrad(list(theirs.values()), **kwargs)
+            optimizer.load_state_dict(saved)
         for name, grad in _grads(case.seed, step, theirs).items():
             theirs[name].grad, ours[name].grad = grad.clone(), grad.clone()
         optimizer.step()
@@ -171,12 +180,3 @@ def run_keyed(case: KeyedCase) -> dict[str, Any]:
     expected = {f"{opt}.{names[i]}/{s}": torch.as_tensor(v).float() for opt, ref, idx in (("adam", references[0], (0, 1)), ("sgd", references[1], (2,)))
                 for i in idx for s, v in ref.state[ours[names[i]]].items() if v is not None}
     return {"steps": case.steps, "state_compared": _check("keyed optimizer state", keyed, expected, case.case_id())}
-
-
-def dense_case_id(case: Any) -> str:
-    return f"{case.case_id()} #{stable_seed(repr(case)) % 16**8:08x}"
-
-
-def run_dense_case(case: Any) -> dict[str, Any]:
-    runner = {RowWiseCase: run_row_wise, ScheduleCase: run_schedule, KeyedCase: run_keyed}[type(case)]
-    return runner(case)

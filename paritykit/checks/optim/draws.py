@@ -6,9 +6,10 @@ for vectors (SGD with momentum, Adagrad, Adam, torchrec's RowWiseAdagrad) with d
 hyper-parameters; clipping by norm (p = 1, 2 or inf; across ranks wherever a dense optimizer trains
 local shards, the only configuration whose norm is the model's) or by value, with thresholds below,
 between and above the gradients' norms; warm-up stages of every policy; the user's lr changes per
-optimizer; a resume from the wrappers' state dicts at any step.
+optimizer, ``update_hyper_parameters`` of the fused optimizer's eps; a resume from the wrappers' state dicts at any step.
 
-Dense (no ranks): RowWiseAdagrad hyper-parameters, warm-up schedules, keyed state round trips.
+Dense (no ranks): RowWiseAdagrad hyper-parameters, warm-up schedules, keyed state round trips,
+SemisyncOptimizer's local/global rhythm.
 Combinations that fail inside torchrec are repaired away (known_broken.py) and run on their own.
 """
 
@@ -20,9 +21,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from paritykit.checks.optim.cases import OptimCase
+from paritykit.checks.optim.contract_cases import SemiSyncCase
 from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
 from paritykit.checks.optim.known_broken import repair
-from paritykit.engine.optim_wrapping import (Clipping, DenseGroup, LearningRateChange, OptimizerWrapping, Warmup,
+from paritykit.engine.optim_wrapping import (Clipping, DenseGroup, HyperParameterChange, LearningRateChange, OptimizerWrapping, Warmup,
                                              WarmupStageSpec)
 from paritykit.harness.tables import TableSpec
 
@@ -98,7 +100,12 @@ def sharded_cases(draw: Any, world_size: int) -> OptimCase:
     changes = () if warmup else tuple(LearningRateChange(draw(st.integers(1, steps - 1)), draw(st.sampled_from(names)),
                                                          draw(st.sampled_from((0.5, 2.0)))) for _ in range(draw(st.integers(0, 2))))
     resume = draw(st.none() | st.integers(1, steps - 1))
-    wrapping = OptimizerWrapping(dense=dense, clipping=clipping, warmup=warmup, lr_changes=changes, resume_at=resume)
+    hyper = ()
+    if case.embedding_optimizer != "sgd" and draw(st.booleans()):
+        values = (("eps", draw(st.sampled_from((1e-3, 0.1)))),) + ((("lr", 0.02),) if draw(st.booleans()) else ())
+        hyper = (HyperParameterChange(draw(st.integers(1, steps - 1)), values),)
+    wrapping = OptimizerWrapping(dense=dense, clipping=clipping, warmup=warmup, lr_changes=changes, hyper_parameter_changes=hyper,
+                                 resume_at=resume)
     return repair(OptimCase(world_size, case.tables, plan, wrapping, kernels=kernels, embedding_optimizer=case.embedding_optimizer,
                             steps=steps, seed=case.seed))
 
@@ -117,13 +124,17 @@ def _clipping(draw: Any, local_shards: bool) -> Clipping | None:
 
 @st.composite
 def dense_cases(draw: Any) -> Any:
-    kind = draw(st.sampled_from(("rowwise", "schedule", "keyed")))
+    kind = draw(st.sampled_from(("rowwise", "schedule", "keyed", "semi-sync")))
     seed = draw(st.integers(0, 2**16))
+    if kind == "semi-sync":
+        return SemiSyncCase(draw(st.integers(1, 3)), draw(st.sampled_from((0.3, 0.7, 1.0))), draw(st.sampled_from(("sgd", "adam"))),
+                            steps=draw(st.integers(3, 7)), resume_at=draw(st.none() | st.integers(1, 2)), seed=seed)
     if kind == "rowwise":
         kwargs = {"lr": draw(st.sampled_from(LRS)), "lr_decay": draw(st.sampled_from((0.0, 0.05, 0.5))),
                   "weight_decay": draw(st.sampled_from((0.0, 0.01, 0.1))), "eps": draw(st.sampled_from((1e-10, 1e-8, 1e-3))),
                   "initial_accumulator_value": draw(st.sampled_from((0.0, 0.1, 1.0))), "maximize": draw(st.booleans())}
-        return RowWiseCase(tuple(sorted(kwargs.items())), steps=draw(st.integers(2, 5)), seed=seed)
+        steps = draw(st.integers(2, 5))
+        return RowWiseCase(tuple(sorted(kwargs.items())), steps=steps, seed=seed, resume_at=draw(st.none() | st.integers(1, steps - 1)))
     if kind == "schedule":
         warmup = draw(warmup_stage_list(first_may_be_inv_sqrt=True))
         steps = warmup.stages[-1].max_iters + draw(st.integers(1, 3))

@@ -10,6 +10,9 @@ while their known-issues entry applies, and run on purpose as ``known-broken <ru
   leaves that rank an empty placeholder parameter; training never gives it a gradient (so no
   optimizer state), ``init_state()`` does, and ``load_state_dict`` of the trained state then fails
   ("Different parameter count").
+- ``update-hyper-parameters-lr-lost``: ``update_hyper_parameters({"lr": ...})`` through the wrappers
+  reaches fbgemm's TBE, but a fused optimizer's ``zero_grad()`` and ``step()`` hand the TBE its
+  param groups' lr again (which the call left alone): the new lr never trains anything.
 - ``warmup-inv-sqrt-first-stage``: a ``WarmupOptimizer`` whose first stage is ``INVSQRT`` computes
   1 / sqrt(0) for iteration 0 when it is built (ZeroDivisionError).
 """
@@ -24,7 +27,7 @@ from paritykit.checks import known_issues
 from paritykit.checks.optim.cases import OptimCase
 from paritykit.checks.optim.dense_cases import ScheduleCase
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
-from paritykit.engine.optim_wrapping import Warmup, WarmupStageSpec
+from paritykit.engine.optim_wrapping import HyperParameterChange, Warmup, WarmupStageSpec
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,16 @@ def _fused_where_missing(case: OptimCase) -> OptimCase:
     return dataclasses.replace(case, kernels={**case.kernels, **{t: "fused" for t in tables_missing_on_a_rank(case)}})
 
 
+def _lr_through_update_hyper_parameters(case: Any) -> bool:
+    return isinstance(case, OptimCase) and any(dict(c.values).get("lr") is not None for c in case.wrapping.hyper_parameter_changes)
+
+
+def _without_lr_update(case: OptimCase) -> OptimCase:
+    changes = tuple(dataclasses.replace(c, values=tuple((k, v) for k, v in c.values if k != "lr"))
+                    for c in case.wrapping.hyper_parameter_changes)
+    return dataclasses.replace(case, wrapping=dataclasses.replace(case.wrapping, hyper_parameter_changes=changes))
+
+
 def _inv_sqrt_first(case: Any) -> bool:
     return isinstance(case, ScheduleCase) and case.warmup.stages[0].policy == "inv_sqrt"
 
@@ -78,6 +91,7 @@ def _linear_first(case: ScheduleCase) -> ScheduleCase:
 RULES = (
     BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
     BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
+    BrokenCombination("update-hyper-parameters-lr-lost", _lr_through_update_hyper_parameters, _without_lr_update),
     BrokenCombination("warmup-inv-sqrt-first-stage", _inv_sqrt_first, _linear_first),
 )
 
@@ -103,6 +117,10 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
         "resume-with-dense-table-missing-on-a-rank": dataclasses.replace(
             round_trip, plan={**round_trip.plan, "t0": ("table_wise", 0), "t1": ("table_wise", last)},
             label="resumed with dense tables on one rank each"),
+        "update-hyper-parameters-lr-lost": dataclasses.replace(
+            pinned_cases(world_size)[0], wrapping=dataclasses.replace(
+                pinned_cases(world_size)[0].wrapping, hyper_parameter_changes=(HyperParameterChange(1, (("lr", 0.02),)),)),
+            label="update_hyper_parameters(lr)"),
         "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),
     }
 

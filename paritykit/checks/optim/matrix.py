@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 from paritykit.checks.optim.case_runner import run_optim_case
-from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase, dense_case_id, run_dense_case
+from paritykit.checks.optim.contract_cases import ContractCase, SemiSyncCase
+from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
+from paritykit.checks.optim.dense_runner import dense_case_id, is_dense_case, run_dense_case
 from paritykit.checks.optim.draws import dense_cases, sharded_cases
 from paritykit.checks.optim.known_broken import RULES, known_broken_cases
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
@@ -29,11 +31,13 @@ def pinned_dense_cases() -> tuple:
                            WarmupStageSpec("cosine_annealing_warm_restarts", 15, 0.1, sgdr_period=2)), 0.5)
     return (
         RowWiseCase((("eps", 1e-6), ("initial_accumulator_value", 0.3), ("lr", 0.1), ("lr_decay", 0.2), ("maximize", True),
-                     ("weight_decay", 0.05))),
+                     ("weight_decay", 0.05)), resume_at=2),
         ScheduleCase(every_policy, 17, resume_at=5),
         ScheduleCase(WARMUP, 8),
         ScheduleCase(Warmup((WarmupStageSpec("step", 4, 0.5, decay_iters=2),), 0.2), 6),
         KeyedCase((0.5, 2.0), resume_at=2),
+        SemiSyncCase(3, 0.7, "adam", resume_at=4),
+        ContractCase(),
     )
 
 
@@ -57,7 +61,7 @@ def _known_broken(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         if not sizes:
             continue
         pool, case = pools.get(min(sizes)), known_broken_cases(min(sizes))[rule.name]
-        if isinstance(case, (RowWiseCase, ScheduleCase, KeyedCase)):
+        if is_dense_case(case):
             body, case_id = (lambda case=case: run_dense_case(case)), dense_case_id(case)
         else:
             body, case_id = (lambda case=case, pool=pool: run_optim_case(case, pool)), case.case_id()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from paritykit.checks.optim.cases import OptimCase
-from paritykit.engine.optim_wrapping import (Clipping, DenseGroup, LearningRateChange, OptimizerWrapping, Warmup,
+from paritykit.engine.optim_wrapping import (Clipping, DenseGroup, HyperParameterChange, LearningRateChange, OptimizerWrapping, Warmup,
                                              WarmupStageSpec)
 from paritykit.harness.tables import TableSpec
 
@@ -31,8 +31,9 @@ def pinned_cases(world_size: int) -> tuple[OptimCase, ...]:
     dense_rw_cw = {"t0": "dense", "t1": "dense"}
     return (
         OptimCase(world_size, TABLES, _plan(last), OptimizerWrapping(
-            dense=(DenseGroup("dense", "adam", lr=0.05),), clipping=Clipping("norm", SMALL, 2.0, across_ranks=True)),
-            kernels=dense_rw_cw, embedding_optimizer="adagrad", seed=1, label="clip norm 2 across ranks"),
+            dense=(DenseGroup("dense", "adam", lr=0.05),), clipping=Clipping("norm", SMALL, 2.0, across_ranks=True),
+            hyper_parameter_changes=(HyperParameterChange(2, (("eps", 0.1),)),)),
+            kernels=dense_rw_cw, embedding_optimizer="adagrad", seed=1, label="clip norm 2 across ranks, fused eps updated"),
         OptimCase(world_size, TABLES, {**_plan(last), "t0": ("table_wise", 0)}, OptimizerWrapping(
             dense=(DenseGroup("dense", "sgd", kwargs=(("momentum", 0.9),)),),
             clipping=Clipping("norm", SMALL, math.inf, across_ranks=True)),
