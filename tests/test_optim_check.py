@@ -31,6 +31,8 @@ def test_every_pinned_case_trains_like_the_unsharded_model_and_exercises_its_wra
     metrics = run_optim_case(case, rank_pool)
     assert metrics["steps"] == case.steps and metrics["ranks"] == 2
     clipping = case.wrapping.clipping
+    if clipping is not None and clipping.mode == "none":
+        assert metrics["norms_compared"] == 2 * case.steps and metrics["clipped_steps"] == 0
     if clipping is not None and clipping.mode == "norm":
         # torchrec's norm was compared on every step and rank; the small threshold clipped every step,
         # the safety net none.

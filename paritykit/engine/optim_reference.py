@@ -97,7 +97,8 @@ def _clip(wrapping: OptimizerWrapping, params: list[nn.Parameter]) -> float | No
     if spec.mode == "norm":
         return float(torch.nn.utils.clip_grad_norm_(with_grad, spec.max_gradient, norm_type=spec.norm_type))
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in with_grad], norm_type=spec.norm_type))
-    torch.nn.utils.clip_grad_value_(with_grad, spec.max_gradient)
+    if spec.mode == "value":
+        torch.nn.utils.clip_grad_value_(with_grad, spec.max_gradient)
     return norm
 
 

@@ -9,7 +9,8 @@ the dense optimizers' keyed state of replicated parameters (``state_dict()`` of 
 
 Resuming before step k: ``state_dict()`` of the wrappers (``save_param_groups(True)``) and of the
 model, then a freshly sharded model and fresh wrappers, ``init_state()``, the model's
-``load_state_dict`` and the wrappers' ``load_state_dict``: torchrec's documented in-place loading.
+``load_state_dict`` and the wrappers' ``load_state_dict`` (torchrec's documented in-place loading),
+then ``set_optimizer_step``.
 """
 
 from __future__ import annotations
@@ -73,12 +74,16 @@ def _wrap(dmp: torch.nn.Module, wrapping: OptimizerWrapping, sharded: set[str]) 
     return Wrapped(dmp, outer, clipper, combined)
 
 
-def _resumed(setup: TrainingSetup, wrapping: OptimizerWrapping, old: Wrapped, sharded: set[str], device: torch.device) -> Wrapped:
+def _resumed(setup: TrainingSetup, wrapping: OptimizerWrapping, old: Wrapped, sharded: set[str], device: torch.device,
+             step: int) -> Wrapped:
     saved_optimizer, saved_model = old.outer.state_dict(), old.dmp.state_dict()
     fresh = _wrap(_sharded(setup, device), wrapping, sharded)
     fresh.outer.init_state()
     fresh.dmp.load_state_dict(saved_model)
     fresh.outer.load_state_dict(saved_optimizer)
+    # As a resuming user does: the fused optimizers continue their step count (it moves nothing
+    # that SGD or Adagrad compute; optimizers with bias correction need it).
+    fresh.outer.set_optimizer_step(step)
     return fresh
 
 
@@ -92,7 +97,7 @@ def train_wrapped_on_rank(setup: TrainingSetup, wrapping: OptimizerWrapping) -> 
     probe = None
     for step, step_batches in enumerate(setup.batches):
         if step == wrapping.resume_at:
-            run = _resumed(setup, wrapping, run, sharded, device)
+            run = _resumed(setup, wrapping, run, sharded, device, step)
             probe.remove()
             probe = None
         probe = probe or EmbeddingProbe(submodules_by_name(run.dmp, setup.embedding_module_names))

@@ -72,7 +72,7 @@ class Clipping:
     """GradientClippingOptimizer's arguments. ``across_ranks``: ``enable_global_grad_clip`` with every
     model-parallel dense-kernel table's local shard mapped to the world's process group."""
 
-    mode: str = "norm"  # "norm" or "value"
+    mode: str = "norm"  # "norm", "value", or "none" (no clipping; torchrec only tracks the norm)
     max_gradient: float = 0.1
     norm_type: float = 2.0  # math.inf for the infinity norm
     across_ranks: bool = False
@@ -80,6 +80,8 @@ class Clipping:
     def describe(self) -> str:
         norm = "inf" if math.isinf(self.norm_type) else f"{self.norm_type:g}"
         scope = " across ranks" if self.across_ranks else ""
+        if self.mode == "none":
+            return f"track the gradient norm (p={norm}{scope})"
         return f"clip {self.mode} {self.max_gradient:g}" + (f" (p={norm}{scope})" if self.mode == "norm" else "")
 
 
@@ -208,8 +210,8 @@ def wrap_optimizers(wrapping: OptimizerWrapping, fused: Any, dense_named: dict[s
 
             kwargs = {"enable_global_grad_clip": True, "param_to_pgs": {p: [dist.group.WORLD] for p in sharded_params()}}
         if "track_grad_norm" in inspect.signature(GradientClippingOptimizer.__init__).parameters:
-            kwargs["track_grad_norm"] = True  # so that VALUE clipping reports its norm too (where torchrec can)
-        mode = GradientClipping.NORM if spec.mode == "norm" else GradientClipping.VALUE
+            kwargs["track_grad_norm"] = True  # so that VALUE and NONE report their norm too (where torchrec can)
+        mode = {"norm": GradientClipping.NORM, "value": GradientClipping.VALUE, "none": GradientClipping.NONE}[spec.mode]
         clipper = outer = GradientClippingOptimizer(outer, mode, max_gradient=spec.max_gradient, norm_type=spec.norm_type, **kwargs)
     if wrapping.warmup is not None:
         outer = WarmupOptimizer(outer, warmup_stages(wrapping.warmup), lr=wrapping.warmup.lr)

@@ -80,9 +80,14 @@ def norm_problem(norms: list[list[float | None]], expected: list[float | None]) 
 
 
 def comparable_norms(case: OptimCase) -> bool:
-    """VALUE clipping reports a rank's local norm: the whole model's only where no shard is local."""
+    """VALUE and NONE track a rank's local norm unless the shards are mapped to their process groups:
+    the whole model's only then, or where no rank holds a local shard."""
     clipping = case.wrapping.clipping
-    return clipping is not None and (clipping.mode == "norm" or case.world_size == 1 or not case.model_parallel_dense_tables())
+    if clipping is None:
+        return False
+    if clipping.mode == "value":
+        return case.world_size == 1 or not case.model_parallel_dense_tables()
+    return clipping.mode == "norm" or clipping.across_ranks or case.world_size == 1 or not case.model_parallel_dense_tables()
 
 
 def clipped_steps(case: OptimCase, norms: list[float | None]) -> int:

@@ -2,8 +2,9 @@
 
 - ``SemiSyncCase``: ``SemisyncOptimizer`` (local optimizer every step, the global optimizer's
   ``global_step`` after every ``num_local_steps``-th) with a DiLoCo-style global optimizer (outer SGD
-  on the pseudo-gradient ``anchor - params``), optionally resumed from its state dict, against the
-  same loop written out with torch's optimizer and the outer update by hand;
+  on the pseudo-gradient ``anchor - params``), a change of the local lr, optionally resumed from its
+  state dict with its param groups, against the same loop written out with torch's optimizer and
+  the outer update by hand;
 - ``ContractCase``: what torchrec.optim documents it refuses: its placeholder optimizers (the
   classes that only name a fused fbgemm optimizer) never step and keep their arguments,
   ``add_param_group`` is not implemented, and a ``KeyedOptimizer`` does not load a state with
@@ -29,12 +30,16 @@ class SemiSyncCase:
     outer_lr: float
     local: str  # "sgd" or "adam"
     steps: int = 7
+    # Before this step: state_dict() with save_param_groups(True), a fresh optimizer, init_state(),
+    # load_state_dict().
     resume_at: int | None = None
+    local_lr_factor: float = 1.0  # the user's change of the local optimizer's lr before step 1
     seed: int = 0
 
     def case_id(self) -> str:
         resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
-        return (f"dense semi-sync local={self.local} every {self.num_local_steps} outer_lr={self.outer_lr} "
+        change = f" local lr x{self.local_lr_factor:g} before step 1" if self.local_lr_factor != 1.0 else ""
+        return (f"dense semi-sync local={self.local} every {self.num_local_steps} outer_lr={self.outer_lr}{change} "
                 f"steps={self.steps}{resume} seed={self.seed}")
 
 
@@ -78,7 +83,9 @@ def _semi_sync(case: SemiSyncCase, params: dict[str, torch.nn.Parameter]):
 
     local = KeyedOptimizerWrapper(dict(params), lambda ps: _local(case, ps))
     outer = KeyedOptimizerWrapper(dict(params), lambda ps: OuterSGD(ps, case.outer_lr))
-    return SemisyncOptimizer(list(params.values()), local, outer, num_local_steps=case.num_local_steps)
+    optimizer = SemisyncOptimizer(list(params.values()), local, outer, num_local_steps=case.num_local_steps)
+    optimizer.save_param_groups(True)
+    return optimizer
 
 
 def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
@@ -95,6 +102,11 @@ def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
                 for name, p in theirs.items():
                     p.copy_(weights[name])
             optimizer.load_state_dict(saved)
+        if step == 1:
+            # The local optimizer's groups come first in SemisyncOptimizer.param_groups.
+            for group in list(optimizer.param_groups)[: len(optimizer._optimizer.param_groups)] + list(reference.param_groups):
+                group["lr"] *= case.local_lr_factor
+        optimizer.zero_grad()
         for name, grad in _grads(case.seed, step, theirs).items():
             theirs[name].grad, ours[name].grad = grad.clone(), grad.clone()
         optimizer.step()

@@ -144,7 +144,8 @@ def _keyed_wrapper(params: dict[str, torch.nn.Parameter]):
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
     first, second = dict(list(params.items())[:2]), dict(list(params.items())[2:])
-    combined = CombinedOptimizer([("adam", KeyedOptimizerWrapper(first, lambda ps: torch.optim.Adam(ps, lr=0.05, weight_decay=0.01))),
+    # The first optimizer without a key: its parameters keep their own names in the combined state.
+    combined = CombinedOptimizer([KeyedOptimizerWrapper(first, lambda ps: torch.optim.Adam(ps, lr=0.05, weight_decay=0.01)),
                                   ("sgd", KeyedOptimizerWrapper(second, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)))])
     combined.save_param_groups(True)
     return combined
@@ -177,6 +178,6 @@ def run_keyed(case: KeyedCase) -> dict[str, Any]:
             reference.step()
     _check("parameters after the last step", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
     keyed = {f"{k}/{s}": torch.as_tensor(v).float() for k, e in combined.state_dict()["state"].items() for s, v in e.items() if v is not None}
-    expected = {f"{opt}.{names[i]}/{s}": torch.as_tensor(v).float() for opt, ref, idx in (("adam", references[0], (0, 1)), ("sgd", references[1], (2,)))
+    expected = {f"{prefix}{names[i]}/{s}": torch.as_tensor(v).float() for prefix, ref, idx in (("", references[0], (0, 1)), ("sgd.", references[1], (2,)))
                 for i in idx for s, v in ref.state[ours[names[i]]].items() if v is not None}
     return {"steps": case.steps, "state_compared": _check("keyed optimizer state", keyed, expected, case.case_id())}

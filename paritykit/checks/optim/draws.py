@@ -4,7 +4,8 @@ Sharded: 2-4 tables placed table-, row-, column-wise or data-parallel, fused or 
 fused optimizer (SGD, Adagrad, row-wise Adagrad); one dense optimizer or one for matrices and one
 for vectors (SGD with momentum, Adagrad, Adam, torchrec's RowWiseAdagrad) with drawn
 hyper-parameters; clipping by norm (p = 1, 2 or inf; across ranks wherever a dense optimizer trains
-local shards, the only configuration whose norm is the model's) or by value, with thresholds below,
+local shards, the only configuration whose norm is the model's), by value, or none (the norm only
+tracked), with thresholds below,
 between and above the gradients' norms; warm-up stages of every policy; the user's lr changes per
 optimizer, ``update_hyper_parameters`` of the fused optimizer's eps; a resume from the wrappers' state dicts at any step.
 
@@ -111,11 +112,13 @@ def sharded_cases(draw: Any, world_size: int) -> OptimCase:
 
 
 def _clipping(draw: Any, local_shards: bool) -> Clipping | None:
-    mode = draw(st.sampled_from((None, "norm", "value")))
+    mode = draw(st.sampled_from((None, "norm", "value", "none")))
     if mode is None:
         return None
     if mode == "value":
         return Clipping("value", draw(st.sampled_from(MAX_VALUES)))
+    if mode == "none":
+        return Clipping("none", norm_type=draw(st.sampled_from(NORM_TYPES)), across_ranks=draw(st.booleans()))
     # Clipping by norm over local shards without the process groups computes each rank's own norm
     # (replicas then diverge, docs/optim.md): across ranks is the configuration with the model's norm.
     across = True if local_shards else draw(st.booleans())
@@ -127,8 +130,9 @@ def dense_cases(draw: Any) -> Any:
     kind = draw(st.sampled_from(("rowwise", "schedule", "keyed", "semi-sync")))
     seed = draw(st.integers(0, 2**16))
     if kind == "semi-sync":
-        return SemiSyncCase(draw(st.integers(1, 3)), draw(st.sampled_from((0.3, 0.7, 1.0))), draw(st.sampled_from(("sgd", "adam"))),
-                            steps=draw(st.integers(3, 7)), resume_at=draw(st.none() | st.integers(1, 2)), seed=seed)
+        return repair(SemiSyncCase(draw(st.integers(1, 3)), draw(st.sampled_from((0.3, 0.7, 1.0))), draw(st.sampled_from(("sgd", "adam"))),
+                                   steps=draw(st.integers(3, 7)), resume_at=draw(st.none() | st.integers(1, 2)),
+                                   local_lr_factor=draw(st.sampled_from((1.0, 0.5))), seed=seed))
     if kind == "rowwise":
         kwargs = {"lr": draw(st.sampled_from(LRS)), "lr_decay": draw(st.sampled_from((0.0, 0.05, 0.5))),
                   "weight_decay": draw(st.sampled_from((0.0, 0.01, 0.1))), "eps": draw(st.sampled_from((1e-10, 1e-8, 1e-3))),

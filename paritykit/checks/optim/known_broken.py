@@ -13,6 +13,10 @@ while their known-issues entry applies, and run on purpose as ``known-broken <ru
 - ``update-hyper-parameters-lr-lost``: ``update_hyper_parameters({"lr": ...})`` through the wrappers
   reaches fbgemm's TBE, but a fused optimizer's ``zero_grad()`` and ``step()`` hand the TBE its
   param groups' lr again (which the call left alone): the new lr never trains anything.
+- ``semi-sync-local-param-groups-not-restored``: ``SemisyncOptimizer`` with ``save_param_groups(True)``
+  saves the local and the global optimizer's param groups, but ``KeyedOptimizer.load_state_dict``
+  matches groups by their parameters' keys, which the two share: only the global group is loaded,
+  and a changed local lr silently returns to its initial value.
 - ``warmup-inv-sqrt-first-stage``: a ``WarmupOptimizer`` whose first stage is ``INVSQRT`` computes
   1 / sqrt(0) for iteration 0 when it is built (ZeroDivisionError).
 """
@@ -25,6 +29,7 @@ from typing import Any, Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.optim.cases import OptimCase
+from paritykit.checks.optim.contract_cases import SemiSyncCase
 from paritykit.checks.optim.dense_cases import ScheduleCase
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.engine.optim_wrapping import HyperParameterChange, Warmup, WarmupStageSpec
@@ -78,6 +83,11 @@ def _without_lr_update(case: OptimCase) -> OptimCase:
     return dataclasses.replace(case, wrapping=dataclasses.replace(case.wrapping, hyper_parameter_changes=changes))
 
 
+def _semi_sync_local_lr_saved(case: Any) -> bool:
+    return (isinstance(case, SemiSyncCase) and case.resume_at is not None and case.resume_at > 1
+            and case.local_lr_factor != 1.0)
+
+
 def _inv_sqrt_first(case: Any) -> bool:
     return isinstance(case, ScheduleCase) and case.warmup.stages[0].policy == "inv_sqrt"
 
@@ -92,6 +102,8 @@ RULES = (
     BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
     BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
     BrokenCombination("update-hyper-parameters-lr-lost", _lr_through_update_hyper_parameters, _without_lr_update),
+    BrokenCombination("semi-sync-local-param-groups-not-restored", _semi_sync_local_lr_saved,
+                      lambda case: dataclasses.replace(case, local_lr_factor=1.0)),
     BrokenCombination("warmup-inv-sqrt-first-stage", _inv_sqrt_first, _linear_first),
 )
 
@@ -121,6 +133,7 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
             pinned_cases(world_size)[0], wrapping=dataclasses.replace(
                 pinned_cases(world_size)[0].wrapping, hyper_parameter_changes=(HyperParameterChange(1, (("lr", 0.02),)),)),
             label="update_hyper_parameters(lr)"),
+        "semi-sync-local-param-groups-not-restored": SemiSyncCase(3, 0.7, "adam", resume_at=4, local_lr_factor=0.5),
         "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),
     }
 

@@ -37,6 +37,7 @@ def pinned_dense_cases() -> tuple:
         ScheduleCase(Warmup((WarmupStageSpec("step", 4, 0.5, decay_iters=2),), 0.2), 6),
         KeyedCase((0.5, 2.0), resume_at=2),
         SemiSyncCase(3, 0.7, "adam", resume_at=4),
+        SemiSyncCase(2, 0.5, "sgd", resume_at=1, local_lr_factor=0.5),  # the lr change after the resume
         ContractCase(),
     )
 

@@ -48,8 +48,9 @@ def pinned_cases(world_size: int) -> tuple[OptimCase, ...]:
             dense=(DenseGroup("matrices", "rowwise_adagrad", lr=0.1, selects="matrices",
                               kwargs=(("lr_decay", 0.1), ("weight_decay", 0.01), ("initial_accumulator_value", 0.1), ("eps", 1e-8))),
                    DenseGroup("vectors", "adam", lr=0.02, selects="vectors")),
-            lr_changes=(LearningRateChange(1, "fused", 0.5), LearningRateChange(2, "matrices", 2.0))),
-            kernels=dense_rw_cw, seed=5, label="row-wise Adagrad on dense parameters, lr changes per optimizer"),
+            lr_changes=(LearningRateChange(1, "fused", 0.5), LearningRateChange(2, "matrices", 2.0)),
+            clipping=Clipping("none", norm_type=2.0, across_ranks=True)),
+            kernels=dense_rw_cw, seed=5, label="row-wise Adagrad on dense parameters, lr changes per optimizer, norm tracked"),
         OptimCase(world_size, TABLES, _plan(last), OptimizerWrapping(
             dense=(DenseGroup("dense", "adam", lr=0.05),), clipping=Clipping("norm", SAFETY_NET, 2.0, across_ranks=True),
             lr_changes=(LearningRateChange(1, "fused", 0.5), LearningRateChange(1, "dense", 0.25)), resume_at=2),
