@@ -43,6 +43,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "pipeline": "paritykit.checks.pipeline",
     "sync": "paritykit.checks.sync",
     "sparse-ops": "paritykit.checks.sparse_ops",
+    "optim": "paritykit.checks.optim",
     "fixtures": "paritykit.checks.golden",
 }
 

@@ -18,4 +18,7 @@ probes.py, outputs.py, losses.py, inputs.py   recording embedding outputs, outpu
 pipeline_contract.py, pipeline_setup.py, pipeline_runs.py   the same setup through torchrec's training
                pipelines (and the plain loop) on every rank, recorded in the same TrainingRecord
 builtin_models.py   the built-in DLRM-style and TestSparseNN models, their plans and batches
+optim_wrapping.py, optim_training.py, optim_reference.py, optim_schedule.py, optim_model.py
+               torchrec's optimizer wrappers as users stack them on the ranks, and their oracle
+               (torch's optimizers and clipping, a hand-computed schedule) for the optim check
 """

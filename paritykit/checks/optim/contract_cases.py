@@ -1,0 +1,152 @@
+"""More of torchrec.optim on dense parameters, in the caller:
+
+- ``SemiSyncCase``: ``SemisyncOptimizer`` (local optimizer every step, the global optimizer's
+  ``global_step`` after every ``num_local_steps``-th) with a DiLoCo-style global optimizer (outer SGD
+  on the pseudo-gradient ``anchor - params``), a change of the local lr, optionally resumed from its
+  state dict with its param groups, against the same loop written out with torch's optimizer and
+  the outer update by hand;
+- ``ContractCase``: what torchrec.optim documents it refuses: its placeholder optimizers (the
+  classes that only name a fused fbgemm optimizer) never step and keep their arguments,
+  ``add_param_group`` is not implemented, and a ``KeyedOptimizer`` does not load a state with
+  another parameter count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paritykit.checks.optim.dense_cases import _check, _grads, _params
+from paritykit.errors import ParityError
+
+PLACEHOLDERS = ("SGD", "LarsSGD", "LAMB", "PartialRowWiseLAMB", "Adam", "PartialRowWiseAdam", "Adagrad")
+
+
+@dataclass(frozen=True)
+class SemiSyncCase:
+    num_local_steps: int
+    outer_lr: float
+    local: str  # "sgd" or "adam"
+    steps: int = 7
+    # Before this step: state_dict() with save_param_groups(True), a fresh optimizer, init_state(),
+    # load_state_dict().
+    resume_at: int | None = None
+    local_lr_factor: float = 1.0  # the user's change of the local optimizer's lr before step 1
+    seed: int = 0
+
+    def case_id(self) -> str:
+        resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
+        change = f" local lr x{self.local_lr_factor:g} before step 1" if self.local_lr_factor != 1.0 else ""
+        return (f"dense semi-sync local={self.local} every {self.num_local_steps} outer_lr={self.outer_lr}{change} "
+                f"steps={self.steps}{resume} seed={self.seed}")
+
+
+@dataclass(frozen=True)
+class ContractCase:
+    seed: int = 0
+
+    def case_id(self) -> str:
+        return f"dense torchrec.optim refusals seed={self.seed}"
+
+
+class OuterSGD(torch.optim.Optimizer):
+    """A global optimizer: an anchor copy of every parameter; ``global_step`` moves the anchor by
+    outer_lr times the pseudo-gradient (anchor - params) and puts the parameters back on it."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["anchor"] = p.detach().clone()
+
+    def step(self, closure: Any = None) -> None:
+        raise RuntimeError("a global optimizer steps through global_step only")
+
+    @torch.no_grad()
+    def global_step(self, local_steps: torch.Tensor, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                anchor = self.state[p]["anchor"]
+                anchor.sub_(group["lr"] * (anchor - p))
+                p.copy_(anchor)
+
+
+def _local(case: SemiSyncCase, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=0.05) if case.local == "adam" else torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _semi_sync(case: SemiSyncCase, params: dict[str, torch.nn.Parameter]):
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.semi_sync import SemisyncOptimizer
+
+    local = KeyedOptimizerWrapper(dict(params), lambda ps: _local(case, ps))
+    outer = KeyedOptimizerWrapper(dict(params), lambda ps: OuterSGD(ps, case.outer_lr))
+    optimizer = SemisyncOptimizer(list(params.values()), local, outer, num_local_steps=case.num_local_steps)
+    optimizer.save_param_groups(True)
+    return optimizer
+
+
+def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
+    theirs, ours = _params(case.seed), _params(case.seed)
+    optimizer = _semi_sync(case, theirs)
+    reference = _local(case, list(ours.values()))
+    anchors = {name: p.detach().clone() for name, p in ours.items()}
+    for step in range(case.steps):
+        if step == case.resume_at:
+            saved, weights = optimizer.state_dict(), {n: p.detach().clone() for n, p in theirs.items()}
+            optimizer = _semi_sync(case, theirs)
+            optimizer.init_state()  # a dummy step: the weights come back from the "checkpoint" after it
+            with torch.no_grad():
+                for name, p in theirs.items():
+                    p.copy_(weights[name])
+            optimizer.load_state_dict(saved)
+        if step == 1:
+            # The local optimizer's groups come first in SemisyncOptimizer.param_groups.
+            for group in list(optimizer.param_groups)[: len(optimizer._optimizer.param_groups)] + list(reference.param_groups):
+                group["lr"] *= case.local_lr_factor
+        optimizer.zero_grad()
+        for name, grad in _grads(case.seed, step, theirs).items():
+            theirs[name].grad, ours[name].grad = grad.clone(), grad.clone()
+        optimizer.step()
+        reference.step()
+        if (step + 1) % case.num_local_steps == 0:
+            with torch.no_grad():
+                for name, p in ours.items():
+                    anchors[name] -= case.outer_lr * (anchors[name] - p)
+                    p.copy_(anchors[name])
+        _check(f"parameters after step {step}", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
+    return {"steps": case.steps, "global_steps": case.steps // case.num_local_steps}
+
+
+def _refuses(what: str, case: ContractCase, error: type, call: Any) -> None:
+    try:
+        call()
+    except error:
+        return
+    raise ParityError(f"{case.case_id()}: {what} did not raise {error.__name__}")
+
+
+def run_contract(case: ContractCase) -> dict[str, Any]:
+    import torchrec.optim as trec_optim
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.warmup import WarmupOptimizer
+
+    params = _params(case.seed)
+    present = [name for name in PLACEHOLDERS if hasattr(trec_optim, name)]
+    for name in present:
+        placeholder = getattr(trec_optim, name)(list(params.values()), lr=0.3, eps=1e-4)
+        if placeholder._kwargs != {"lr": 0.3, "eps": 1e-4}:
+            raise ParityError(f"{case.case_id()}: torchrec.optim.{name} kept {placeholder._kwargs}, not the arguments it was given")
+        _refuses(f"torchrec.optim.{name}.step() (a placeholder for fbgemm's fused optimizer)", case, NotImplementedError, placeholder.step)
+    keyed = KeyedOptimizerWrapper(dict(params), lambda ps: torch.optim.Adam(ps, lr=0.1))
+    wrapper = WarmupOptimizer(keyed, [], lr=0.1)
+    _refuses("KeyedOptimizer.add_param_group", case, NotImplementedError, lambda: keyed.add_param_group({"params": []}))
+    _refuses("OptimizerWrapper.add_param_group", case, NotImplementedError, lambda: wrapper.add_param_group({"params": []}))
+    keyed.init_state()
+    fewer = {"state": dict(list(keyed.state_dict()["state"].items())[:-1])}
+    fresh = KeyedOptimizerWrapper(dict(params), lambda ps: torch.optim.Adam(ps, lr=0.1))
+    fresh.init_state()
+    _refuses("KeyedOptimizer.load_state_dict of a state with fewer parameters", case, ValueError, lambda: fresh.load_state_dict(fewer))
+    return {"placeholders": len(present), "refusals": len(present) + 3}

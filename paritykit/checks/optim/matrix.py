@@ -1,0 +1,70 @@
+"""The optim check's gate entry: torchrec's python optimizers and wrappers on dense parameters (in
+the caller), then on a sharded model at every world size (the pinned cases at the largest), then
+the combinations known to fail inside torchrec, each against its independent oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paritykit.checks.optim.case_runner import run_optim_case
+from paritykit.checks.optim.contract_cases import ContractCase, SemiSyncCase
+from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
+from paritykit.checks.optim.dense_runner import dense_case_id, is_dense_case, run_dense_case
+from paritykit.checks.optim.draws import dense_cases, sharded_cases
+from paritykit.checks.optim.known_broken import RULES, known_broken_cases
+from paritykit.checks.optim.pinned import WARMUP, pinned_cases
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
+from paritykit.dist import PoolProvider
+from paritykit.engine.optim_wrapping import Warmup, WarmupStageSpec
+
+NAME = "optim"
+# A sharded case costs a second or two on two ranks, a dense one milliseconds: the gate draws one
+# sharded case per this many examples (at least one per world size) and every dense example.
+EXAMPLES_PER_SHARDED_CASE = 25
+
+
+def pinned_dense_cases() -> tuple:
+    every_policy = Warmup((WarmupStageSpec("linear", 3, 0.1), WarmupStageSpec("poly", 6, 2.0), WarmupStageSpec("inv_sqrt", 8),
+                           WarmupStageSpec("interpolate", 11, 0.5, start_interpolating_iters=8, end_value=0.1),
+                           WarmupStageSpec("constant", 12, 0.3, lr_scale=2.0),
+                           WarmupStageSpec("cosine_annealing_warm_restarts", 15, 0.1, sgdr_period=2)), 0.5)
+    return (
+        RowWiseCase((("eps", 1e-6), ("initial_accumulator_value", 0.3), ("lr", 0.1), ("lr_decay", 0.2), ("maximize", True),
+                     ("weight_decay", 0.05)), resume_at=2),
+        ScheduleCase(every_policy, 17, resume_at=5),
+        ScheduleCase(WARMUP, 8),
+        ScheduleCase(Warmup((WarmupStageSpec("step", 4, 0.5, decay_iters=2),), 0.2), 6),
+        KeyedCase((0.5, 2.0), resume_at=2),
+        SemiSyncCase(3, 0.7, "adam", resume_at=4),
+        SemiSyncCase(2, 0.5, "sgd", resume_at=1, local_lr_factor=0.5),  # the lr change after the resume
+        ContractCase(),
+    )
+
+
+def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
+    results = run_property(NAME, dense_cases(), run_dense_case, config, case_id=dense_case_id, explicit=pinned_dense_cases())
+    sharded_config = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_SHARDED_CASE))
+    largest = max(config.world_sizes)
+    for world_size in config.world_sizes:
+        pool = pools.get(world_size)
+        results += run_property(NAME, sharded_cases(world_size), lambda case, pool=pool: run_optim_case(case, pool),
+                                sharded_config, case_id=lambda case: case.case_id(),
+                                explicit=pinned_cases(world_size) if world_size == largest else ())
+    return results + _known_broken(config, pools)
+
+
+def _known_broken(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
+    """Every rule once, on the smallest world size that shows it; outcomes reported as they are."""
+    out = []
+    for rule in RULES:
+        sizes = [w for w in config.world_sizes if w >= rule.min_world_size]
+        if not sizes:
+            continue
+        pool, case = pools.get(min(sizes)), known_broken_cases(min(sizes))[rule.name]
+        if is_dense_case(case):
+            body, case_id = (lambda case=case: run_dense_case(case)), dense_case_id(case)
+        else:
+            body, case_id = (lambda case=case, pool=pool: run_optim_case(case, pool)), case.case_id()
+        out.append(run_known_broken_case(NAME, f"known-broken {rule.name} {case_id}", config, pool, body))
+    return out

@@ -1,0 +1,62 @@
+"""Every planted bug of the optim check: first shown to move torchrec's own numbers (the sharded
+model trained through torchrec's wrappers with and without the plant, no oracle involved), then
+caught by the check, on the sharded case and, where one exists, on a case without ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from paritykit.checks.optim.case_runner import optim_setup, run_optim_case
+from paritykit.checks.optim.dense_runner import run_dense_case
+from paritykit.checks.optim.matrix import pinned_dense_cases
+from paritykit.checks.optim.pinned import pinned_cases
+from paritykit.compare import find_differences
+from paritykit.engine.optim_training import train_wrapped_on_rank
+from paritykit.errors import ParityError
+from paritykit.harness import plants
+
+# plant -> (index of the pinned sharded case at world size 2, index of the pinned dense case or None)
+PLANT_CASES = {
+    "clip-norm-local-shards-only": (0, None),
+    "clip-coefficient-not-clamped": (5, None),
+    "warmup-multiplier-one-step-late": (3, 1),
+    "combined-optimizer-param-groups-copied": (4, 4),
+    "rowwise-adagrad-drops-weight-decay": (4, 0),
+    "keyed-load-skips-param-groups": (5, 4),
+}
+
+
+def torchrec_side(pool, case) -> list[dict]:
+    """Every rank's outputs and pieces of state, as torchrec's side alone produced them."""
+    per_rank = pool.call(train_wrapped_on_rank, (optim_setup(case), case.wrapping))
+    return [{"outputs": r["outputs"], "state": {f"{p.name}@{p.offsets}": p.tensor for p in r["state"]}} for r in per_rank]
+
+
+def moved(clean: list[dict], planted: list[dict]) -> list:
+    return [d for a, b in zip(clean, planted) for d in find_differences(b, a, exact=True)]
+
+
+def test_every_optim_plant_has_a_case():
+    import paritykit.checks.optim.plants  # noqa: F401 - registers them
+
+    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("plant", sorted(PLANT_CASES))
+def test_the_plant_moves_torchrecs_numbers_and_the_check_catches_it(rank_pool, plant):
+    import paritykit.checks.optim.plants  # noqa: F401
+
+    sharded, dense = PLANT_CASES[plant]
+    case = pinned_cases(2)[sharded]
+    clean = torchrec_side(rank_pool, case)
+    with plants.applied([plant]):
+        assert moved(clean, torchrec_side(rank_pool, case)), f"{plant} leaves torchrec's sharded numbers unchanged"
+        with pytest.raises(ParityError, match="differs from the unsharded reference|the schedule says|total gradient norm|replicated"):
+            run_optim_case(case, rank_pool)
+        if dense is not None:
+            with pytest.raises(ParityError):
+                run_dense_case(pinned_dense_cases()[dense])
+    assert run_optim_case(case, rank_pool)["steps"] == case.steps
+    if dense is not None:
+        assert run_dense_case(pinned_dense_cases()[dense])
