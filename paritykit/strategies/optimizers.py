@@ -11,7 +11,8 @@ hyper-parameters, for the fused embedding optimizer and for the dense one.
 The ranges keep the comparison well-conditioned under paritykit's norm-wise bound (docs/sharding.md,
 "Optimizers"): learning rates up to 0.5, eps from 1e-8 to 0.1, weight decay up to 0.1 (so that
 1 - lr * weight_decay stays near 1), momenta and betas below 1. Values are rounded to two
-significant digits so that a case id reads well and replays exactly.
+significant digits (log-uniform ones) or two decimals (uniform ones) so that a case id reads well
+and replays exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _log_uniform(low: float, high: float) -> st.SearchStrategy[float]:
 
 
 def _uniform(low: float, high: float) -> st.SearchStrategy[float]:
-    return st.floats(low, high).map(lambda x: float(f"{x:.2g}"))
+    return st.floats(low, high).map(lambda x: round(x, 2))
 
 
 LEARNING_RATES = _log_uniform(1e-3, 0.5)

@@ -50,8 +50,12 @@ def worst_units(actual: TrainingRecord, expected: TrainingRecord) -> tuple[float
     """The largest difference of any compared tensor, in units of float32 roundoff of the norm-wise bound."""
     u = unit_roundoff(torch.float32)
     worst, where = 0.0, ""
-    for name in ("embeddings", "outputs", "losses", "state", "fused_state", "dense_state"):
-        for path, a, e in paired_tensors(getattr(actual, name), getattr(expected, name), name):
+    compared = {name: (getattr(actual, name), getattr(expected, name))
+                for name in ("embeddings", "outputs", "state", "fused_state", "dense_state")}
+    # The losses are one tensor [step, rank], as the comparison holds them.
+    compared["losses"] = tuple(torch.stack([torch.stack(step) for step in r.losses]) for r in (actual, expected))
+    for name, (a_side, e_side) in compared.items():
+        for path, a, e in paired_tensors(a_side, e_side, name):
             if e.numel() == 0:
                 continue
             units = ((a - e).abs() / (u * (e.abs() + e.abs().max()))).nan_to_num(0.0).max().item()

@@ -25,8 +25,6 @@ from typing import Any
 
 import torch
 
-ROWS = torch.Tensor
-
 
 class FusedRowWiseReference(torch.optim.Optimizer):
     """Steps touched rows block by block with ``update_rows``; subclasses give the rule and its states."""
@@ -35,7 +33,7 @@ class FusedRowWiseReference(torch.optim.Optimizer):
                  **hypers: Any) -> None:
         super().__init__(list(params), {"lr": lr, "eps": eps, **hypers})
         self._blocks = blocks
-        self._touched: dict[int, ROWS] | None = None
+        self._touched: dict[int, torch.Tensor] | None = None
         self.iteration = 0
 
     def row_states(self, group: dict[str, Any]) -> tuple[str, ...]:
@@ -45,7 +43,7 @@ class FusedRowWiseReference(torch.optim.Optimizer):
         """A forward of fbgemm's TBE: its iteration counter moves first."""
         self.iteration += 1
 
-    def touch(self, rows: dict[int, ROWS] | None) -> None:
+    def touch(self, rows: dict[int, torch.Tensor] | None) -> None:
         """The rows each parameter's lookups read this step (None: every row, the dense view)."""
         self._touched = rows
 
