@@ -168,3 +168,14 @@ def test_an_optimizer_fbgemm_ignores_is_refused_before_any_rank_runs():
     with pytest.raises(HarnessError, match="'momentum'"):
         paritykit.assert_sharded_matches_unsharded(ranker, TUTORIAL_PLAN, ranker_batches(), pool=object(),
                                                    embedding_optimizer=OptimizerSpec("sgd", momentum=0.9))
+
+
+def test_touched_rows_read_a_tensordict_batch_as_the_module_does():
+    from paritykit.convert import kjt_to_td
+
+    tables = (TableSpec("t0", 10, 4, ("f0",)), TableSpec("t1", 8, 4, ("f1",)))
+    module = build_ebc(tables, seed=0)
+    touched = TouchedRows({"": module})
+    module(kjt_to_td(KeyedJaggedTensor(keys=["f0", "f1"], values=torch.tensor([4, 2, 5]), lengths=torch.tensor([1, 1, 1, 0]))))
+    rows = touched.take()
+    assert sorted(rows[id(p)].tolist() for p in module.parameters()) == [[2, 4], [5]]

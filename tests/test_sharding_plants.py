@@ -41,7 +41,7 @@ PLANT_CASES = {
     "sharded-ebc-output-keys-swapped": lambda: pinned(5),
     "variable-batch-inverse-indices-reversed": lambda: pinned(6),
     "fused-optimizer-learning-rate-doubled": lambda: pinned(4),
-    # Counter-based weight decay (decoupled) on CW/RW shards; exact Adagrad with eps 1e-2 in an EC;
+    # Counter-based weight decay (decoupled) on CW/RW shards; exact Adagrad with eps 0.1 in an EC;
     # EMA in-place row-wise Adagrad over CW and TWCW shards.
     "fused-optimizer-eps-dropped": lambda: optimizer_pinned_cases(2)[1],
     "fused-optimizer-weight-decay-dropped": lambda: optimizer_pinned_cases(2)[0],

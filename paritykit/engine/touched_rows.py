@@ -2,7 +2,8 @@
 
 fbgemm's fused optimizers step only the rows a batch looked up: weight decay, counters and moving
 averages leave every other row alone. The reference learns those rows the way the sharded kernels
-do, from the ids: a forward pre-hook on each embedding module reads its KeyedJaggedTensor and adds,
+do, from the ids: a forward pre-hook on each embedding module reads its KeyedJaggedTensor (a
+TensorDict through torchrec's own conversion, as the module does) and adds,
 for every table, the ids of the features that table reads (a feature shared by two tables touches
 both). ``take()`` returns {id(table parameter): sorted rows} for the step and starts afresh.
 """
@@ -41,6 +42,10 @@ class TouchedRows:
     def _hook(self, fqn: str, tables: dict[str, list[torch.nn.Parameter]]):
         def record(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
             features = args[0] if args else kwargs.get("features")
+            if features is not None and not hasattr(features, "length_per_key"):
+                from torchrec.sparse.tensor_dict import maybe_td_to_kjt
+
+                features = maybe_td_to_kjt(features, None)  # a TensorDict, as the module itself reads it
             if features is None or not hasattr(features, "length_per_key"):
                 raise HarnessError(f"embedding module {fqn!r} was called without a KeyedJaggedTensor; "
                                    "the reference cannot tell which rows its fused optimizer steps")

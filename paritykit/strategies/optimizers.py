@@ -9,8 +9,11 @@ hyper-parameters, for the fused embedding optimizer and for the dense one.
                                                    embedding_optimizer=embedding, dense_optimizer=dense)
 
 The ranges keep the comparison well-conditioned under paritykit's norm-wise bound (docs/sharding.md,
-"Optimizers"): learning rates up to 0.5, eps from 1e-8 to 0.1, weight decay up to 0.1 (so that
-1 - lr * weight_decay stays near 1), momenta and betas below 1. Values are rounded to two
+"Optimizers"): learning rates up to 0.5, weight decay up to 0.1 (so that 1 - lr * weight_decay stays
+near 1), momenta and betas below 1; eps from 1e-8 to 0.1 for row-wise steps (they divide a gradient by
+its row's size), and for element-wise adaptive steps (Adagrad, Adam) either below 1e-7 or at least
+half the learning rate: an element whose gradient is a near-cancellation of size near eps turns the
+roundoff of its gradient into a step of up to lr * roundoff / eps. Values are rounded to two
 significant digits (log-uniform ones) or two decimals (uniform ones) so that a case id reads well
 and replays exactly.
 """
@@ -39,6 +42,11 @@ def _uniform(low: float, high: float) -> st.SearchStrategy[float]:
 
 LEARNING_RATES = _log_uniform(1e-3, 0.5)
 EPS = _log_uniform(1e-8, 0.1)
+
+
+def elementwise_eps(lr: float) -> st.SearchStrategy[float]:
+    """eps of an element-wise adaptive step at learning rate ``lr``: below 1e-7, or from lr / 2 to 1."""
+    return st.one_of(_log_uniform(1e-8, 1e-7), _log_uniform(lr / 2, 1.0))
 WEIGHT_DECAYS = st.one_of(st.just(0.0), _log_uniform(1e-4, 0.1))
 
 
@@ -54,14 +62,19 @@ def _rowwise_adagrad(draw: Any, modes: tuple[str, ...]) -> dict[str, Any]:
     return hypers
 
 
+# name -> (learning rate -> its other hyper-parameters)
 _FUSED_HYPERS = {
-    "sgd": st.just({}),
-    "adagrad": st.fixed_dictionaries({"eps": EPS}),
-    "ema_rowwise_adagrad": st.fixed_dictionaries({
+    "sgd": lambda lr: st.just({}),
+    "adagrad": lambda lr: st.fixed_dictionaries({"eps": elementwise_eps(lr)}),
+    "ema_rowwise_adagrad": lambda lr: st.fixed_dictionaries({
         "eps": EPS, "step_ema": st.integers(1, 3), "step_start": st.integers(0, 3), "step_ema_coef": _uniform(0.0, 1.0)}),
-    "rowwise_rmsprop_ar": st.fixed_dictionaries({
+    "rowwise_rmsprop_ar": lambda lr: st.fixed_dictionaries({
         "eps": EPS, "ar_alpha": _uniform(0.0, 2.0), "ema_beta": _uniform(0.5, 0.99), "min_shrinkage": _uniform(0.0, 1.0)}),
 }
+
+
+def _specs(name: str, hypers: Any) -> st.SearchStrategy[OptimizerSpec]:
+    return LEARNING_RATES.flatmap(lambda lr: hypers(lr).map(lambda drawn: OptimizerSpec(name, lr, **drawn)))
 
 
 def embedding_optimizer_specs(names: Iterable[str] | None = None, device: str = "cpu",
@@ -72,36 +85,35 @@ def embedding_optimizer_specs(names: Iterable[str] | None = None, device: str = 
     L2 and DECOUPLE: docs/sharding.md); ``weight_decay_modes`` names them instead."""
     supported = supported_fused_optimizers(device)
     modes = tuple(weight_decay_modes or ("none", *applied_weight_decay_modes(device)))
-    hypers = {**_FUSED_HYPERS, "rowwise_adagrad": _rowwise_adagrad(modes)}
+    hypers = {**_FUSED_HYPERS, "rowwise_adagrad": lambda lr: _rowwise_adagrad(modes)}
     chosen = [name for name in (names or FUSED) if name in supported]
     if not chosen:
         raise ValueError(f"none of {list(names or FUSED)} is a fused optimizer the installed fbgemm trains on {device} ({supported})")
-    return st.sampled_from(chosen).flatmap(
-        lambda name: st.builds(lambda lr, drawn: OptimizerSpec(name, lr, **drawn), LEARNING_RATES, hypers[name]))
+    return st.sampled_from(chosen).flatmap(lambda name: _specs(name, hypers[name]))
 
 
 @st.composite
-def _sgd(draw: Any) -> dict[str, Any]:
+def _sgd(draw: Any, lr: float) -> dict[str, Any]:
     momentum = draw(st.one_of(st.just(0.0), _uniform(0.1, 0.95)))
     nesterov = momentum > 0 and draw(st.booleans())
     dampening = 0.0 if nesterov or momentum == 0 else draw(st.one_of(st.just(0.0), _uniform(0.0, 0.5)))
     return {"momentum": momentum, "dampening": dampening, "nesterov": nesterov, "weight_decay": draw(WEIGHT_DECAYS)}
 
 
-def _adam() -> st.SearchStrategy[dict[str, Any]]:
+def _adam(lr: float) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries({
-        "betas": st.tuples(_uniform(0.0, 0.95), _log_uniform(1e-4, 0.1).map(lambda x: 1.0 - x)), "eps": EPS,
+        "betas": st.tuples(_uniform(0.0, 0.95), _log_uniform(1e-4, 0.1).map(lambda x: 1.0 - x)), "eps": elementwise_eps(lr),
         "weight_decay": WEIGHT_DECAYS, "amsgrad": st.booleans()})
 
 
 _DENSE_HYPERS = {
-    "sgd": _sgd(),
-    "adagrad": st.fixed_dictionaries({"eps": EPS, "weight_decay": WEIGHT_DECAYS,
-                                      "lr_decay": st.one_of(st.just(0.0), _uniform(0.0, 0.1)),
-                                      "initial_accumulator_value": st.one_of(st.just(0.0), _uniform(0.0, 1.0))}),
-    "rowwise_adagrad": st.fixed_dictionaries({"eps": EPS, "weight_decay": WEIGHT_DECAYS}),
-    "adam": _adam(),
-    "adamw": _adam(),
+    "sgd": _sgd,
+    "adagrad": lambda lr: st.fixed_dictionaries({
+        "eps": elementwise_eps(lr), "weight_decay": WEIGHT_DECAYS, "lr_decay": st.one_of(st.just(0.0), _uniform(0.0, 0.1)),
+        "initial_accumulator_value": st.one_of(st.just(0.0), _uniform(0.0, 1.0))}),
+    "rowwise_adagrad": lambda lr: st.fixed_dictionaries({"eps": EPS, "weight_decay": WEIGHT_DECAYS}),
+    "adam": _adam,
+    "adamw": _adam,
 }
 
 
@@ -116,5 +128,4 @@ def dense_optimizer_specs(names: Iterable[str] | None = None) -> st.SearchStrate
     unknown = [name for name in chosen if name not in _DENSE_HYPERS]
     if unknown:
         raise ValueError(f"{unknown} are not dense optimizers; known: {list(_DENSE_HYPERS)}")
-    return st.sampled_from(chosen).flatmap(
-        lambda name: st.builds(lambda lr, hypers: OptimizerSpec(name, lr, **hypers), LEARNING_RATES, _DENSE_HYPERS[name]))
+    return st.sampled_from(chosen).flatmap(lambda name: _specs(name, _DENSE_HYPERS[name]))
