@@ -18,6 +18,7 @@ from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, build_ec, feature_names_of
 
 Rows = tuple[tuple[int, ...], ...]
+KERNEL_CHOSEN_BY_TORCHREC = ("grid_shard", "table_row_wise")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class ShardingCase:
             return "dense"
         return self.kernels.get(table, self.kernel)
 
+    def trained_kernel(self, table: str) -> str:
+        """The kernel torchrec trains ``table`` with: grid and table-row-wise generators take no kernel,
+        and torchrec picks the fused one for a table that carries an in-backward optimizer."""
+        if self.plan[table][0] in KERNEL_CHOSEN_BY_TORCHREC:
+            return "fused"
+        return self.kernel_of(table)
+
     def step_batches(self) -> tuple[tuple[RankBatch, ...], ...]:
         if self.steps:
             return self.steps
@@ -72,7 +80,7 @@ class ShardingCase:
     def describe(self) -> str:
         tables = ", ".join(
             f"{t.name}[{t.num_embeddings}x{t.embedding_dim} {'/'.join(t.feature_names)}"
-            + (f" {t.pooling}" if self.module == "ebc" else "") + f" {self.kernel_of(t.name)}]"
+            + (f" {t.pooling}" if self.module == "ebc" else "") + f" {self.trained_kernel(t.name)}]"
             for t in self.tables
         )
         flags = f"need_indices={self.need_indices}" if self.module == "ec" else f"weighted={self.weighted}"

@@ -66,7 +66,7 @@ def with_class_derived_type(case: ShardingCase) -> ShardingCase:
 
 def uses_cpu_ignored_weight_decay(case: ShardingCase) -> bool:
     spec = _spec(case)
-    fused_tables = any(case.kernel_of(t) == "fused" for t in case.plan)
+    fused_tables = any(case.trained_kernel(t) == "fused" for t in case.plan)
     return (fused_tables and spec.name == "rowwise_adagrad" and spec.hyper("weight_decay_mode") in ("l2", "decouple")
             and spec.hyper("weight_decay") > 0)
 
