@@ -179,3 +179,18 @@ def test_touched_rows_read_a_tensordict_batch_as_the_module_does():
     module(kjt_to_td(KeyedJaggedTensor(keys=["f0", "f1"], values=torch.tensor([4, 2, 5]), lengths=torch.tensor([1, 1, 1, 0]))))
     rows = touched.take()
     assert sorted(rows[id(p)].tolist() for p in module.parameters()) == [[2, 4], [5]]
+
+
+def test_the_margin_measure_is_zero_for_equal_records_and_counts_units_of_roundoff():
+    from paritykit.checks.sharding.optimizer_margin import worst_units
+    from paritykit.engine.training import TrainingRecord
+
+    def record(shift: float) -> TrainingRecord:
+        table = torch.tensor([[1.0, -2.0], [0.5, 4.0]])
+        return TrainingRecord(outputs=[[torch.ones(2)]], losses=[[torch.tensor(3.0)]], embeddings=[[{}]],
+                              state={"t": table + torch.tensor([[0.0, 0.0], [0.0, shift]])}, fused_state={"t/momentum1": table.abs()})
+
+    assert worst_units(record(0.0), record(0.0)) == (0.0, "")
+    u = torch.finfo(torch.float32).eps / 2
+    units, where = worst_units(record(64 * u * 8), record(0.0))  # 64 u of (|e| + max|e|) = 64 u * 8 at [1, 1]
+    assert where == "state['t']" and abs(units - 64) < 1
