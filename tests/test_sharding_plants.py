@@ -9,6 +9,7 @@ import pytest
 
 from paritykit.checks.sharding.case_runner import case_setup, run_sharding_case
 from paritykit.checks.sharding.cases import ShardingCase
+from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
 from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.compare import find_differences
@@ -40,6 +41,14 @@ PLANT_CASES = {
     "sharded-ebc-output-keys-swapped": lambda: pinned(5),
     "variable-batch-inverse-indices-reversed": lambda: pinned(6),
     "fused-optimizer-learning-rate-doubled": lambda: pinned(4),
+    # Counter-based weight decay (decoupled) on CW/RW shards; exact Adagrad with eps 0.1 in an EC;
+    # EMA in-place row-wise Adagrad over CW and TWCW shards.
+    "fused-optimizer-eps-dropped": lambda: optimizer_pinned_cases(2)[1],
+    "fused-optimizer-weight-decay-dropped": lambda: optimizer_pinned_cases(2)[0],
+    "fused-optimizer-weight-decay-modes-swapped": lambda: optimizer_pinned_cases(2)[0],
+    "fused-optimizer-state-named-by-index": lambda: optimizer_pinned_cases(2)[0],
+    "fused-optimizer-ema-mode-dropped": lambda: optimizer_pinned_cases(2)[2],
+    "ebc-fused-optimizer-type-from-class": lambda: optimizer_pinned_cases(2)[2],
 }
 
 
@@ -48,7 +57,8 @@ def sharded_run(pool, case: ShardingCase) -> TrainingRecord:
 
 
 def moved(clean: TrainingRecord, planted: TrainingRecord) -> list:
-    pairs = [(planted.embeddings, clean.embeddings), (planted.outputs, clean.outputs), (planted.state, clean.state)]
+    pairs = [(planted.embeddings, clean.embeddings), (planted.outputs, clean.outputs), (planted.state, clean.state),
+             (planted.fused_state, clean.fused_state)]
     return [d for a, e in pairs for d in find_differences(a, e, exact=True)]
 
 

@@ -54,9 +54,11 @@ def assert_sharded_matches_unsharded(
 
     ``plan`` maps table names (or module FQNs to tables) to torchrec's ``sharding_plan`` generators, or
     is a torchrec ``ShardingPlan``. ``batches[step][rank]`` is what the model's forward takes (a tuple
-    is its positional arguments). Tables train with ``embedding_optimizer`` ("sgd", "adagrad",
-    "rowwise_adagrad" or an OptimizerSpec; fused), everything else with ``dense_optimizer``; both at
-    ``lr`` unless an OptimizerSpec says otherwise. ``loss_fn(output, batch)`` defaults to a fixed
+    is its positional arguments). Tables train with ``embedding_optimizer`` (fused: "sgd", "adagrad",
+    "rowwise_adagrad", "ema_rowwise_adagrad", "rowwise_rmsprop_ar" where fbgemm has it, or an
+    OptimizerSpec with hyper-parameters, e.g. ``OptimizerSpec("rowwise_adagrad", lr=0.05, eps=1e-3)``),
+    everything else with ``dense_optimizer`` (a torch optimizer: "sgd", "adagrad", "adam", "adamw" or an
+    OptimizerSpec with torch's keywords); both at ``lr`` unless an OptimizerSpec says otherwise. ``loss_fn(output, batch)`` defaults to a fixed
     function of every output element. Without ``pool`` a RankPool of the right size is started and
     closed. ``tolerance``: a Tolerance (a Bound per kind of number), one Bound for everything, "exact",
     or None for the stated default (tolerances.py: 64 units of roundoff, norm-wise).

@@ -5,8 +5,11 @@ gradient of that rank's loss: DDP averages dense parameters and data-parallel ta
 tables are averaged by the backward all-to-all while ``get_gradient_division()`` is on (its default),
 summed when it is off. Fused tables are stepped by the embedding optimizer (fused TBE), dense-kernel
 and data-parallel tables and dense layers by the dense optimizer. The reference does exactly that in
-one process, with torch's own optimizers: it sums the ranks' losses, scales each gradient by its
-share, and steps. Row-wise Adagrad keeps one accumulator per row of each column shard, as TBE does.
+one process: it sums the ranks' losses, scales each gradient by its share, and steps. Dense
+parameters step with the torch optimizer itself; fused tables with the reference of fbgemm's rule
+(harness/optimizers: torch's SGD and Adagrad, paritykit's row-wise family), which keeps one state row
+per row of each column shard, steps only the rows the step looked up (``TouchedRows``) and counts
+fbgemm's iterations, as the TBE does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from torch import nn
 from paritykit.engine.outputs import forward, to_cpu
 from paritykit.engine.probes import EmbeddingProbe
 from paritykit.engine.training import TrainingRecord, TrainingSetup
-from paritykit.harness.optimizers import BlockRowWiseAdagrad
+from paritykit.engine.touched_rows import TouchedRows
+from paritykit.harness.optimizers import oracle
 from paritykit.harness.plan_resolution import embedding_modules, sharder_of
 
 DENSE_KERNELS = ("dense",)
@@ -35,6 +39,7 @@ class TablePlacement:
     fused: bool
     replicated: bool
     column_blocks: tuple[int, ...]
+    shards: int = 1
 
 
 def table_placements(model: nn.Module, sharding_plan: Any) -> dict[int, TablePlacement]:
@@ -51,6 +56,7 @@ def table_placements(model: nn.Module, sharding_plan: Any) -> dict[int, TablePla
                 fused=not replicated and sharding.compute_kernel not in DENSE_KERNELS,
                 replicated=replicated,
                 column_blocks=_column_blocks(sharding, param.shape[1]),
+                shards=len(sharding.sharding_spec.shards) if sharding.sharding_spec is not None else 1,
             )
     return placements
 
@@ -65,14 +71,10 @@ def _column_blocks(sharding: Any, width: int) -> tuple[int, ...]:
 def _optimizers(setup: TrainingSetup, model: nn.Module, placements: dict[int, TablePlacement]):
     fused = [p for p in model.parameters() if id(p) in placements and placements[id(p)].fused]
     dense = [p for p in model.parameters() if not (id(p) in placements and placements[id(p)].fused)]
-    spec = setup.embedding_optimizer
-    if spec.name == "rowwise_adagrad":
-        blocks = {id(p): list(placements[id(p)].column_blocks) for p in fused}
-        embedding = BlockRowWiseAdagrad(fused, blocks, **spec.arguments()) if fused else None
-    else:
-        embedding = spec.torch_class()(fused, **spec.arguments()) if fused else None
+    blocks = {id(p): list(placements[id(p)].column_blocks) for p in fused}
+    embedding = oracle.reference_optimizer(setup.embedding_optimizer, fused, blocks) if fused else None
     dense_optimizer = setup.dense_optimizer.torch_class()(dense, **setup.dense_optimizer.arguments()) if dense else None
-    return embedding, dense_optimizer
+    return embedding, dense_optimizer, fused
 
 
 def gradient_scales(model: nn.Module, placements: dict[int, TablePlacement], world_size: int, division: bool):
@@ -89,12 +91,14 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
     model = setup.model_fn()
     model.load_state_dict(setup.full_state)
     placements = table_placements(model, setup.sharding_plan)
-    embedding, dense = _optimizers(setup, model, placements)
+    embedding, dense, fused_tables = _optimizers(setup, model, placements)
     scales = gradient_scales(model, placements, setup.world_size, division)
-    probe = EmbeddingProbe({name: model.get_submodule(name) for name in setup.embedding_module_names})
+    modules = {name: model.get_submodule(name) for name in setup.embedding_module_names}
+    probe, touched = EmbeddingProbe(modules), TouchedRows(modules)
     outputs, losses, embeddings = [], [], []
     for step_batches in setup.batches:
         model.zero_grad(set_to_none=True)
+        oracle.begin_step(embedding)
         step_outputs, step_embeddings = [], []
         for batch in step_batches:
             step_outputs.append(forward(model, batch))
@@ -105,6 +109,7 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scales[id(param)])
+        oracle.touch(embedding, touched.take())
         for optimizer in (embedding, dense):
             if optimizer is not None:
                 optimizer.step()
@@ -112,12 +117,13 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
         losses.append([loss.detach().clone() for loss in step_losses])
         embeddings.append(step_embeddings)
     probe.remove()
+    touched.remove()
     return TrainingRecord(
         outputs=outputs,
         losses=losses,
         embeddings=embeddings,
         state={key: value.detach().clone() for key, value in model.state_dict().items()},
-        fused_state=_fused_state(embedding, placements),
+        fused_state=_fused_state(embedding, fused_tables, placements),
         dense_state=_dense_state(model, dense, placements),
     )
 
@@ -137,18 +143,13 @@ def _dense_state(model: nn.Module, optimizer: Any, placements: dict[int, TablePl
     return flat
 
 
-def _fused_state(optimizer: Any, placements: dict[int, TablePlacement]) -> dict[str, torch.Tensor]:
-    """The embedding optimizer's state in torchrec's fused layout: ``<fqn>/<table>.momentum1``."""
+def _fused_state(optimizer: Any, tables: list[nn.Parameter], placements: dict[int, TablePlacement]) -> dict[str, torch.Tensor]:
+    """The embedding optimizer's state in torchrec's fused layout: ``<fqn>/<table>.momentum1``, ...."""
     if optimizer is None:
         return {}
     flat = {}
-    for param, entries in optimizer.state.items():
+    for param in tables:
         placement = placements[id(param)]
-        if "sum" not in entries:
-            continue
-        total = entries["sum"].detach()
-        if isinstance(optimizer, BlockRowWiseAdagrad):
-            # One accumulator per row of each column shard, the shards' rows one after another.
-            total = total.t().reshape(-1)
-        flat[f"{placement.fqn}/{placement.table}.momentum1"] = total.clone()
+        for name, value in oracle.fused_state(optimizer, param, placement.shards).items():
+            flat[f"{placement.fqn}/{placement.table}.{name}"] = value
     return flat

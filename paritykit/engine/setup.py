@@ -12,7 +12,7 @@ from paritykit.engine.losses import default_loss
 from paritykit.engine.training import TrainingSetup
 from paritykit.errors import HarnessError
 from paritykit.harness.dmp import table_parameters
-from paritykit.harness.optimizers import OptimizerSpec, apply_in_backward, require_embedding_optimizer
+from paritykit.harness.optimizers import OptimizerSpec, apply_in_backward, require_dense_optimizer, require_embedding_optimizer
 from paritykit.harness.plan_resolution import resolve_plan
 
 DEFAULT_LR = 0.1
@@ -41,7 +41,7 @@ def build_setup(
     if not isinstance(model, torch.nn.Module):
         raise HarnessError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
     full_state = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    embedding = require_embedding_optimizer(OptimizerSpec.of(embedding_optimizer, lr))
+    embedding = require_embedding_optimizer(OptimizerSpec.of(embedding_optimizer, lr), device)
     # torchrec picks the fused kernel for tables that carry an in-backward optimizer: mark them first.
     apply_in_backward(embedding, table_parameters(model))
     sharding_plan = resolve_plan(model, plan, world_size=world_size, device_type=torch.device(device).type)
@@ -52,7 +52,7 @@ def build_setup(
         sharding_plan=sharding_plan,
         batches=steps,
         embedding_optimizer=embedding,
-        dense_optimizer=OptimizerSpec.of(dense_optimizer, lr),
+        dense_optimizer=require_dense_optimizer(OptimizerSpec.of(dense_optimizer, lr)),
         loss_fn=loss_fn or default_loss,
         device=device,
     )

@@ -12,11 +12,13 @@ from typing import Any
 
 import torch
 
+from paritykit.harness.optimizers import OptimizerSpec
 from paritykit.harness.plans import describe_plan, normalize_plan_entry, parameter_sharding_generator
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, build_ec, feature_names_of
 
 Rows = tuple[tuple[int, ...], ...]
+KERNEL_CHOSEN_BY_TORCHREC = ("grid_shard", "table_row_wise")
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,22 @@ class ShardingCase:
     weights: tuple[dict[str, tuple[tuple[float, ...], ...]], ...] | None = field(default=None, hash=False)
     seed: int = 0
     kernels: dict[str, str] = field(default_factory=dict, hash=False)
-    optimizer: str = "sgd"
-    dense_optimizer: str = "sgd"
+    # A name ("sgd", "rowwise_adagrad", ...) or an OptimizerSpec with its hyper-parameters.
+    optimizer: str | OptimizerSpec = "sgd"
+    dense_optimizer: str | OptimizerSpec = "sgd"
     steps: tuple[tuple[RankBatch, ...], ...] = field(default=(), hash=False)
 
     def kernel_of(self, table: str) -> str:
         if self.plan[table][0] == "data_parallel":
             return "dense"
         return self.kernels.get(table, self.kernel)
+
+    def trained_kernel(self, table: str) -> str:
+        """The kernel torchrec trains ``table`` with: grid and table-row-wise generators take no kernel,
+        and torchrec picks the fused one for a table that carries an in-backward optimizer."""
+        if self.plan[table][0] in KERNEL_CHOSEN_BY_TORCHREC:
+            return "fused"
+        return self.kernel_of(table)
 
     def step_batches(self) -> tuple[tuple[RankBatch, ...], ...]:
         if self.steps:
@@ -65,22 +75,30 @@ class ShardingCase:
         """The plan with table names and ranks left out: what a count of examples is grouped by."""
         kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "table_column_wise") else e[0] for e in self.plan.values())
         vbe = "/vbe" if any(b.inverse for step in self.steps for b in step) else ""
-        return f"{self.module}/ws{self.world_size}/{self.optimizer}/" + "+".join(kinds) + vbe
+        return f"{self.module}/ws{self.world_size}/{optimizer_name(self.optimizer)}/" + "+".join(kinds) + vbe
 
     def describe(self) -> str:
         tables = ", ".join(
             f"{t.name}[{t.num_embeddings}x{t.embedding_dim} {'/'.join(t.feature_names)}"
-            + (f" {t.pooling}" if self.module == "ebc" else "") + f" {self.kernel_of(t.name)}]"
+            + (f" {t.pooling}" if self.module == "ebc" else "") + f" {self.trained_kernel(t.name)}]"
             for t in self.tables
         )
         flags = f"need_indices={self.need_indices}" if self.module == "ec" else f"weighted={self.weighted}"
         if any(batch.inverse is not None for step in self.step_batches() for batch in step):
             flags += " variable_batch=True"
-        return (f"{self.module} world_size={self.world_size} {flags} optimizer={self.optimizer}/{self.dense_optimizer} "
+        return (f"{self.module} world_size={self.world_size} {flags} optimizer={optimizer_text(self.optimizer)}/{optimizer_text(self.dense_optimizer)} "
                 f"steps={len(self.step_batches())} plan={describe_plan(self.plan)} tables=({tables}) seed={self.seed}")
 
     def case_id(self) -> str:
         return f"{self.describe()} #{stable_seed(repr(self), repr(self.step_batches())) % 16**8:08x}"
+
+
+def optimizer_name(optimizer: str | OptimizerSpec) -> str:
+    return optimizer if isinstance(optimizer, str) else optimizer.name
+
+
+def optimizer_text(optimizer: str | OptimizerSpec) -> str:
+    return optimizer if isinstance(optimizer, str) else optimizer.describe()
 
 
 def build_module(module: str, tables: tuple[TableSpec, ...], weighted: bool, need_indices: bool, seed: int) -> torch.nn.Module:

@@ -5,7 +5,8 @@ between tables, each table placed any way its sharder implements (EBC: TW, RW, C
 shards on ranks in any order and repeated, TWRW, GRID, DP; EC: TW, RW, CW, DP), fused or dense
 kernels, SUM and MEAN pooling in one module, per-id weights (EBC), ``need_indices`` (EC), a
 variable batch per feature with inverse indices (VBE, EBC), the KJT's keys in any order, empty rows
-and empty features, and several training steps with SGD, Adagrad or row-wise Adagrad.
+and empty features, and several training steps with a fused and a dense optimizer whose
+hyper-parameters are drawn too (optimizer_draws.py).
 
 Combinations that fail inside torchrec are kept out of the draws by ``BrokenCombination`` rules
 (known_broken.py) and run on purpose as their own cases instead.
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.checks.sharding.known_broken import repair
+from paritykit.checks.sharding.optimizer_draws import dense_optimizers, embedding_optimizers
 from paritykit.harness.plans import ROW_WISE_FAMILY, local_world_size
 from paritykit.harness.tables import TableSpec
 
@@ -26,10 +28,6 @@ EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", 
 EC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "data_parallel")
 SHARD_WIDTHS = (4, 8)
 SHARD_COUNTS = (1, 2, 3, 4)
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
-# fbgemm's TBE takes a variable batch per feature with these only (it asserts so for the others).
-VBE_OPTIMIZERS = ("sgd", "rowwise_adagrad")
-DENSE_OPTIMIZERS = ("sgd", "adagrad")
 MAX_IDS_PER_ROW = 3
 
 
@@ -117,7 +115,7 @@ def sharding_cases(draw: Any, world_size: int, device_kinds: dict[str, tuple[str
     case = ShardingCase(
         module=module, world_size=world_size, tables=tuple(tables), plan=plan, kernels=kernels,
         need_indices=module == "ec" and draw(st.booleans()), weighted=weighted,
-        optimizer=draw(st.sampled_from(VBE_OPTIMIZERS if vbe else OPTIMIZERS)), dense_optimizer=draw(st.sampled_from(DENSE_OPTIMIZERS)),
+        optimizer=draw(embedding_optimizers(vbe)), dense_optimizer=draw(dense_optimizers()),
         steps=batches, seed=draw(st.integers(0, 2**16)),
     )
     return repair(case)

@@ -13,6 +13,9 @@ from typing import Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.checks.sharding.optimizer_draws import (ec_with_explicit_fused_type, optimizer_known_broken_cases,
+                                                       uses_cpu_ignored_weight_decay, with_class_derived_type,
+                                                       with_counter_weight_decay)
 from paritykit.harness.plans import (ROW_WISE_FAMILY, ROW_WISE_KINDS, has_shard_without_rows, row_wise_mean_beside_others,
                                      with_rows_for_every_rank)
 from paritykit.harness.tables import TableSpec
@@ -181,6 +184,21 @@ RULES = (
         lambda case: dataclasses.replace(case, kernel="fused", kernels={t: "fused" for t in case.plan}),
         draws=("cpu", "ec", "dense"),
     ),
+    BrokenCombination(
+        "ec-fused-optimizer-type-ignored",
+        "a sharded EmbeddingCollection trains with the fused optimizer of the class given to apply_optimizer_in_backward "
+        "even when its keyword arguments name another (optimizer=EmbOptimType...: EMA in-place row-wise Adagrad, row-wise "
+        "RMSprop); the EmbeddingBagCollection sharder honours it",
+        ec_with_explicit_fused_type,
+        with_class_derived_type,
+    ),
+    BrokenCombination(
+        "cpu-row-wise-adagrad-weight-decay-ignored",
+        "fbgemm's CPU row-wise Adagrad kernel applies no weight decay in modes L2 and DECOUPLE (weights and accumulator "
+        "are those of weight_decay=0); the counter-based mode applies it",
+        uses_cpu_ignored_weight_decay,
+        with_counter_weight_decay,
+    ),
 )
 
 
@@ -262,4 +280,5 @@ def known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
         "ec-dense-kernel": ShardingCase(
             "ec", world_size, ec_tables, {"t0": ("column_wise", (0, last)), "t1": ("table_wise", 0)}, kernel="dense",
             steps=steps, seed=24),
+        **optimizer_known_broken_cases(world_size),
     }

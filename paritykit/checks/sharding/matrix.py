@@ -10,6 +10,7 @@ from paritykit.checks.runner import GateConfig, run_known_broken_case, run_prope
 from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
+from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
 from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
@@ -42,7 +43,7 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             lambda case, pool=pool: run_sharding_case(case, pool),
             config,
             case_id=lambda case: case.case_id(),
-            explicit=pinned_cases(world_size),
+            explicit=pinned_cases(world_size) + optimizer_pinned_cases(world_size),
         )
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).

@@ -2,13 +2,15 @@
 
 Each stands for a realistic torchrec defect in a sharded path: column-wise stitching, pooling modes,
 the row-wise bucketization, per-id weights, the MEAN divisor, the output's keys, variable batches,
-gradient division and the fused optimizer's parameters. The unsharded reference is untouched by
+gradient division, and the fused optimizer: its hyper-parameters on their way to fbgemm, its type, the
+names of its state. The unsharded reference is untouched by
 all of them (the planted functions only run in sharded modules), so the check must see them.
 """
 
 from __future__ import annotations
 
-from typing import ContextManager
+import contextlib
+from typing import ContextManager, Iterator
 
 from paritykit.harness.patching import replaced
 from paritykit.harness.plants import register
@@ -192,3 +194,111 @@ def fused_optimizer_learning_rate_doubled() -> ContextManager[None]:
         return merge
 
     return replaced(embeddingbag, "merge_fused_params", planted)
+
+
+@contextlib.contextmanager
+def _merged_fused_params(change) -> Iterator[None]:
+    """torchrec's sharders (EBC and EC) merge a table's in-backward optimizer keywords into the fused
+    params handed to fbgemm; ``change(merged)`` edits the merged dict in both."""
+    from torchrec.distributed import embedding, embeddingbag
+
+    def planted(original):
+        def merge(fused_params=None, param_fused_params=None):
+            merged = original(fused_params, param_fused_params)
+            change(merged)
+            return merged
+
+        return merge
+
+    with replaced(embeddingbag, "merge_fused_params", planted), replaced(embedding, "merge_fused_params", planted):
+        yield
+
+
+@register("fused-optimizer-eps-dropped", check=CHECK)
+def fused_optimizer_eps_dropped() -> ContextManager[None]:
+    """The sharders drop a fused optimizer's eps on its way to fbgemm, which then uses its default 1e-8."""
+    return _merged_fused_params(lambda merged: merged.pop("eps", None))
+
+
+@register("fused-optimizer-weight-decay-dropped", check=CHECK)
+def fused_optimizer_weight_decay_dropped() -> ContextManager[None]:
+    """The sharders drop a fused optimizer's weight_decay on its way to fbgemm (which then decays by 0)."""
+    return _merged_fused_params(lambda merged: merged.pop("weight_decay", None))
+
+
+@register("fused-optimizer-weight-decay-modes-swapped", check=CHECK)
+def fused_optimizer_weight_decay_modes_swapped() -> ContextManager[None]:
+    """The sharders swap the weight-decay modes L2 and decoupled on their way to fbgemm.
+
+    At the top level and inside the counter-based regularization definition."""
+    import dataclasses
+
+    from fbgemm_gpu.tbe.config.optimizer_config import CounterWeightDecayMode, WeightDecayMode
+
+    swap = {WeightDecayMode.L2: WeightDecayMode.DECOUPLE, WeightDecayMode.DECOUPLE: WeightDecayMode.L2,
+            CounterWeightDecayMode.L2: CounterWeightDecayMode.DECOUPLE, CounterWeightDecayMode.DECOUPLE: CounterWeightDecayMode.L2}
+
+    def change(merged):
+        if "weight_decay_mode" in merged:
+            merged["weight_decay_mode"] = swap.get(merged["weight_decay_mode"], merged["weight_decay_mode"])
+        counter = merged.get("counter_based_regularization")
+        if counter is not None:
+            mode = counter.counter_weight_decay_mode
+            merged["counter_based_regularization"] = dataclasses.replace(counter, counter_weight_decay_mode=swap.get(mode, mode))
+
+    return _merged_fused_params(change)
+
+
+@register("fused-optimizer-ema-mode-dropped", check=CHECK)
+def fused_optimizer_ema_mode_dropped() -> ContextManager[None]:
+    """The sharders drop EMA in-place row-wise Adagrad's emainplace_mode: fbgemm's default EMA runs instead.
+
+    fbgemm's default moves the slow half every 10 steps from step 0 with coefficient 0.6, so the
+    drawn period, start and coefficient are lost."""
+    return _merged_fused_params(lambda merged: merged.pop("emainplace_mode", None))
+
+
+@register("ebc-fused-optimizer-type-from-class", check=CHECK)
+def ebc_fused_optimizer_type_from_class() -> ContextManager[None]:
+    """The EBC sharder takes the fused optimizer from the class, ignoring an explicit optimizer= keyword.
+
+    The class of EMA in-place row-wise Adagrad and row-wise RMSprop is RowWiseAdagrad, so the tables
+    train with plain row-wise Adagrad (what the EC sharder does on 1.8 and 1.9)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed import embeddingbag
+
+    explicit = {getattr(EmbOptimType, name) for name in ("EMAINPLACE_ROWWISE_ADAGRAD", "ROWWISE_RMSPROP_AR") if hasattr(EmbOptimType, name)}
+
+    def planted(original):
+        def merge(fused_params=None, param_fused_params=None):
+            merged = original(fused_params, param_fused_params)
+            if merged.get("optimizer") in explicit:
+                merged["optimizer"] = EmbOptimType.EXACT_ROWWISE_ADAGRAD
+            return merged
+
+        return merge
+
+    return replaced(embeddingbag, "merge_fused_params", planted)
+
+
+@register("fused-optimizer-state-named-by-index", check=CHECK)
+def fused_optimizer_state_named_by_index() -> ContextManager[None]:
+    """The fused optimizer names its states momentum1, momentum2, ... by position, not by fbgemm's names.
+
+    fbgemm's prev_iter, row_counter and iter become momentum2, momentum3, ...: a checkpoint keyed by
+    torchrec's names misses them."""
+    from torchrec.distributed.batched_embedding_kernel import EmbeddingFusedOptimizer
+
+    def planted(original):
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            for entries in self.state.values():
+                names = list(entries)
+                for index, name in enumerate(names):
+                    table, _, state = name.rpartition(".")
+                    if state != "momentum1":
+                        entries[f"{table}.momentum{index + 1}"] = entries.pop(name)
+
+        return init
+
+    return replaced(EmbeddingFusedOptimizer, "__init__", planted)
