@@ -163,3 +163,18 @@ def test_a_cross_host_plant_passes_unnoticed_on_one_host_of_four_and_is_caught_o
     assert len(one_host) >= len(pinned_cases(4)) and {r.status for r in one_host} == {"pass"}
     caught = [r for r in two_hosts if r.status == "fail"]
     assert caught and all("hosts=2x2" in r.case_id for r in caught), [r.case_id for r in two_hosts]
+
+
+def test_under_a_launch_of_two_hosts_td_kjt_draws_table_row_wise_on_either_host(monkeypatch):
+    from paritykit.checks.td_kjt.sharded_draw import sharded_cases as td_kjt_cases
+
+    def twrw_hosts() -> set[int]:
+        seen: list = []
+        run_property("td-kjt", td_kjt_cases(4, "cpu", module="ebc", variable_batch=False), lambda case: seen.append(case) or {},
+                     GateConfig(examples=60, seed=0, shrink=False), case_id=lambda case: case.describe())
+        return {entry[1] for case in seen for entry in case.plan.values() if entry[0] == "table_row_wise"}
+
+    assert twrw_hosts() == {0}  # one host: every rank is local
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert twrw_hosts() == {0, 1}
