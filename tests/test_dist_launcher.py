@@ -216,6 +216,21 @@ def test_gate_on_two_launchers_of_five_ranks_passes_td_kjt_at_world_size_10(tmp_
     assert report["summary"]["exit_code"] == 0
 
 
+@pytest.mark.slow
+def test_gate_on_two_launchers_of_two_ranks_runs_the_cross_host_sharding_cases_on_the_launchs_hosts(tmp_path):
+    program = ["-m", "paritykit", "gate", "--check", "sharding", "--device", "cpu", "--world-size", "4",
+               "--examples", "3", "--report", "out"]
+    _run(_two_static_launchers(2, *program), tmp_path)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    ran = [case for case in report["cases"] if not case["case_id"].startswith("known-broken ")]
+    # The launch's hosts, not one host of 4: the pinned cross-host cases and draws placed by host.
+    assert ran and all(" world_size=4 hosts=2x2 " in case["case_id"] for case in ran), [c["case_id"] for c in ran]
+    assert {case["status"] for case in ran} == {"pass"}
+    assert any("table_row_wise(1)" in case["case_id"] for case in ran) and any("grid_shard(1,0)" in case["case_id"] for case in ran)
+    assert all("--hosts none " in case["replay"] for case in ran)
+    assert report["summary"]["exit_code"] == 0
+
+
 # Run by each of 4 ranks (2 launchers x 2): rank 3 dies (SIGKILL inside a call, or an exception
 # outside any call); rank 0 writes what the survivors saw.
 DYING_RANK_SCRIPT = textwrap.dedent(

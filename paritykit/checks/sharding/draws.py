@@ -56,6 +56,8 @@ def _placement(draw: Any, kind: str, hosts: HostLayout, shards: int) -> tuple:
     if kind == "table_row_wise":  # the rows over that host's ranks
         return (kind, draw(host))
     if kind == "grid_shard":  # column block i on host indexes[i]: the rows over that host's ranks
+        if shards > 1 and draw(st.booleans()):  # each block on its own host, the hosts in any order
+            return (kind, tuple(draw(st.permutations(range(hosts.hosts)))[:shards]))
         return (kind, tuple(draw(st.lists(host, min_size=shards, max_size=shards))))
     return (kind,)
 
