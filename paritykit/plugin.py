@@ -120,7 +120,8 @@ def read_groups(directory: str) -> dict[str, str]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason on CPU-only machines")
-    config.addinivalue_line("markers", "world_size(n, backend=None): the ranks (and process-group backend) the rank_pool fixture provides")
+    config.addinivalue_line("markers", "world_size(n, backend=None, ranks_per_host=None): the ranks (process-group backend, "
+                            "and hosts of ranks_per_host ranks each) the rank_pool fixture provides")
     # First, so that hypothesis' own pytest_configure finds the profiles `--hypothesis-profile` names.
     from paritykit.gate.profiles import PROFILE_ENV, profile_from_env, register_profiles
 
@@ -225,10 +226,11 @@ def paritykit_examples(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture(scope="session")
 def rank_pools(request: pytest.FixtureRequest):
-    """The session's pools, one per (world size, backend), started on first use and closed at the end.
+    """The session's pools, one per (world size, ranks per host, backend), started on first use and closed at the end.
 
     ``rank_pools.get(n)`` returns a pool of ``n`` ranks (a ``paritykit.dist.RankPool``, or the
-    launcher's ranks under torchrun); ``rank_pools.get(n, backend="gloo")`` picks the backend. With
+    launcher's ranks under torchrun); ``rank_pools.get(n, backend="gloo")`` picks the backend;
+    ``rank_pools.get(4, ranks_per_host=2)`` a pool standing for 2 hosts of 2 ranks. With
     ``--paritykit-device auto`` a pool runs on CUDA when this machine has a GPU for each of its
     ranks, else on CPU (``pool.device`` says which); with ``cuda`` a size larger than the GPUs is
     refused. Under ``pytest -n N`` every test using this fixture runs on one worker (see the module).
@@ -246,9 +248,10 @@ def rank_pool(request: pytest.FixtureRequest, rank_pools):
 
     ``rank_pool.run(fn, *args)`` runs a module-level ``fn`` on every rank and returns the results in
     rank order; ``rank_pool.device`` is where the ranks compute. ``world_size(n, backend="gloo")``
-    picks the process-group backend. Safe inside ``@given`` tests (the pool outlives the example;
-    the profiles suppress hypothesis' function_scoped_fixture health check). With
-    ``--paritykit-device cuda`` and fewer GPUs than ranks, the test is skipped with the reason.
+    picks the process-group backend, ``world_size(4, ranks_per_host=2)`` 2 hosts of 2 ranks. Safe
+    inside ``@given`` tests (the pool outlives the example; the profiles suppress hypothesis'
+    function_scoped_fixture health check). With ``--paritykit-device cuda`` and fewer GPUs than
+    ranks, the test is skipped with the reason.
     """
     from paritykit.dist import resolve_device
     from paritykit.errors import HarnessError
@@ -256,8 +259,9 @@ def rank_pool(request: pytest.FixtureRequest, rank_pools):
     marker = request.node.get_closest_marker("world_size")
     world_size = marker.args[0] if marker is not None else DEFAULT_POOL_WORLD_SIZE
     backend = marker.kwargs.get("backend") if marker is not None else None
+    ranks_per_host = marker.kwargs.get("ranks_per_host") if marker is not None else None
     try:
         resolve_device(request.config.getoption("--paritykit-device"), ranks_per_host=world_size)
     except HarnessError as exc:
         pytest.skip(f"CUDA-only test: {exc}")
-    return rank_pools.get(world_size, backend=backend)
+    return rank_pools.get(world_size, backend=backend, ranks_per_host=ranks_per_host)

@@ -1,5 +1,5 @@
 """get_pool under torchrun: the launcher's ranks behind RankPool's API on one and two "hosts", the gate at world
-size 10 over two launchers, and a rank that dies."""
+size 10 over two launchers, a rank that dies, and a pool standing for two hosts against a real launch of two."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 from paritykit.checks.runner import NOT_UNDER_TORCHRUN
 from paritykit.dist import LauncherGroup, RankPool, get_pool, launched_by_torchrun
 from paritykit.errors import HarnessError
+from host_topology import torchrec_topology
 from test_dist_cleanup import TAG_VARIABLE, wait_until_gone
 
 # A bound on a hung launch only (the launches here take seconds to minutes on 2 cores).
@@ -215,6 +216,21 @@ def test_gate_on_two_launchers_of_five_ranks_passes_td_kjt_at_world_size_10(tmp_
     assert report["summary"]["exit_code"] == 0
 
 
+@pytest.mark.slow
+def test_gate_on_two_launchers_of_two_ranks_runs_the_cross_host_sharding_cases_on_the_launchs_hosts(tmp_path):
+    program = ["-m", "paritykit", "gate", "--check", "sharding", "--device", "cpu", "--world-size", "4",
+               "--examples", "3", "--report", "out"]
+    _run(_two_static_launchers(2, *program), tmp_path)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    ran = [case for case in report["cases"] if not case["case_id"].startswith("known-broken ")]
+    # The launch's hosts, not one host of 4: the pinned cross-host cases and draws placed by host.
+    assert ran and all(" world_size=4 hosts=2x2 " in case["case_id"] for case in ran), [c["case_id"] for c in ran]
+    assert {case["status"] for case in ran} == {"pass"}
+    assert any("table_row_wise(1)" in case["case_id"] for case in ran) and any("grid_shard(1,0)" in case["case_id"] for case in ran)
+    assert all("--hosts none " in case["replay"] for case in ran)
+    assert report["summary"]["exit_code"] == 0
+
+
 # Run by each of 4 ranks (2 launchers x 2): rank 3 dies (SIGKILL inside a call, or an exception
 # outside any call); rank 0 writes what the survivors saw.
 DYING_RANK_SCRIPT = textwrap.dedent(
@@ -290,3 +306,46 @@ def test_a_rank_that_dies_under_torchrun_is_reported_promptly_and_leaves_no_proc
         summary = doomed_host_log[doomed_host_log.index("Root Cause"):]
         assert "ValueError: rank 3 fails outside any call" in summary
     assert wait_until_gone(tag) == []
+
+
+# Run by each of 4 ranks (2 launchers x 2): what torchrec sees of the hosts, and whether the launch's
+# hosts are what paritykit's pools are asked for.
+TOPOLOGY_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, sys.argv[2])
+    from host_topology import torchrec_topology
+    from paritykit.dist import get_pool
+
+    pool = get_pool(int(os.environ["WORLD_SIZE"]), device="cpu", ranks_per_host=2)
+    seen = pool.run(torchrec_topology)
+    try:
+        get_pool(pool.world_size, ranks_per_host=pool.world_size)
+        mismatch = None
+    except Exception as exc:
+        mismatch = f"{type(exc).__name__}: {exc}"
+    if pool.is_reporting_rank:
+        with open(sys.argv[1], "w") as out:
+            json.dump({"seen": seen, "hosts": str(pool.hosts), "mismatch": mismatch}, out)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_pool_of_two_hosts_matches_torchrun_with_two_launchers_of_two_ranks(tmp_path, rank_pools):
+    from test_dist_hosts import expected_topology
+
+    script = tmp_path / "topology.py"
+    script.write_text(TOPOLOGY_SCRIPT)
+    report_path = tmp_path / "report.json"
+    _run(_two_static_launchers(2, str(script), str(report_path), str(Path(__file__).parent)), tmp_path)
+    report = json.loads(report_path.read_text())
+    launched = report["seen"]
+    assert report["hosts"] == "2x2"
+    assert report["mismatch"].startswith("HarnessError: under torchrun the hosts are the launch's (2 hosts x 2 ranks")
+    assert [seen.pop("launched_by_torchrun") for seen in launched] == [True] * 4
+    emulated = rank_pools.get(4, ranks_per_host=2).run(torchrec_topology)
+    assert [seen.pop("launched_by_torchrun") for seen in emulated] == [False] * 4
+    # The same variables, torchrec helpers and process groups as the real launch, rank by rank.
+    assert emulated == launched
+    assert launched == [{k: v for k, v in seen.items() if k != "launched_by_torchrun"} for seen in expected_topology(2, 2)]

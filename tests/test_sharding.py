@@ -122,17 +122,21 @@ def test_an_unrepaired_drawn_case_shows_the_same_torchrec_defect(rank_pools):
         run_sharding_case(case, rank_pools.get(2))
 
 
-def test_under_a_launch_of_two_hosts_twcw_shards_stay_on_the_first_host_and_plans_see_the_hosts(monkeypatch):
+def test_under_a_launch_of_two_hosts_the_check_draws_for_the_launchs_hosts(monkeypatch):
+    from paritykit.checks.runner import run_property
+    from paritykit.checks.sharding.matrix import host_layouts
+    from paritykit.harness.hosts import HostLayout
     from paritykit.harness.plans import local_world_size
 
     assert local_world_size(4) == 4  # outside any launch: one host
+    assert host_layouts(GateConfig(world_sizes=(4,))) == [HostLayout(1, 4)]
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert local_world_size(4) == 2 and local_world_size(6) == 6  # another world than the launch's: one host
+    assert local_world_size(4, ranks_per_host=4) == 4  # a pool's own hosts win over the environment
+    assert host_layouts(GateConfig(world_sizes=(4,))) == [HostLayout(2, 2)]
     seen: list[ShardingCase] = []
-    from paritykit.checks.runner import run_property
-
-    run_property("sharding", sharding_cases(4, {"ebc": ("table_column_wise",), "ec": ("table_wise",)}),
+    run_property("sharding", sharding_cases(4, {"ebc": ("table_column_wise", "table_row_wise"), "ec": ("table_wise",)}, ranks_per_host=2),
                  lambda case: seen.append(case) or {}, GateConfig(examples=30, seed=0, shrink=False), case_id=lambda c: c.case_id())
     twcw = [entry[1] for case in seen for entry in case.plan.values() if entry[0] == "table_column_wise"]
-    assert twcw and all(rank in (0, 1) for ranks in twcw for rank in ranks)
+    assert twcw and all(len({rank // 2 for rank in ranks}) == 1 for ranks in twcw)  # each on one host's ranks

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from paritykit.checks.results import NOTHING_COMPARED, CaseResult, short_case_id
 from paritykit.errors import HarnessError, NothingCompared, ParityError, RankFailure, UnsupportedByTorchrec, raised_by_harness
 from paritykit.harness.case_scope import case_scope
+from paritykit.harness.hosts import HostLayout
 from paritykit.harness.patching import replaced
 
 Metrics = dict[str, Any]
@@ -27,6 +28,9 @@ NOT_UNDER_TORCHRUN = (
     "process-group timeout); run the gate without torchrun to judge it"
 )
 REPLAY_LABEL_CHARS = 100
+# The layouts of several hosts the default gate and the self-test run beside their world sizes:
+# 2 hosts of 2 ranks, the smallest where a host has ranks to split rows over and hosts to cross.
+DEFAULT_HOSTS = (HostLayout(2, 2),)
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,10 @@ class GateConfig:
     """How the gate (or a test) asks a check to run.
 
     device: "cpu" or "cuda" (already resolved from "auto").
-    world_sizes: the world sizes to cover; each check picks the ones that make sense for it.
+    world_sizes: the world sizes to cover; each check picks the ones that make sense for it. Each is one
+        host of that many ranks (under torchrun: the launch's hosts).
+    hosts: pools that stand for several hosts (HostLayout: hosts x ranks per host), run beside
+        ``world_sizes`` by the checks whose placements depend on hosts (sharding).
     examples: hypothesis examples per property.
     case: run only this case (its full id or its short id), or these cases (a tuple of ids); the
           others are generated, not run.
@@ -44,6 +51,7 @@ class GateConfig:
 
     device: str = "cpu"
     world_sizes: tuple[int, ...] = (1, 2)
+    hosts: tuple[HostLayout, ...] = ()
     examples: int = 10
     seed: int = 0
     report_dir: Path | None = None
@@ -55,8 +63,9 @@ class GateConfig:
     def replay(self, check: str, case_id: str | None = None) -> str:
         """The command that re-runs ``check`` (or only its case ``case_id``) as this run did."""
         ws = ",".join(str(w) for w in self.world_sizes)
+        hosts = ",".join(str(h) for h in self.hosts) or "none"
         command = (
-            f"paritykit gate --check {check} --device {self.device} --world-size {ws} "
+            f"paritykit gate --check {check} --device {self.device} --world-size {ws} --hosts {hosts} "
             f"--examples {self.examples} --seed {self.seed}"
         ) + (f" --fixtures-dir {self.fixtures_dir}" if self.fixtures_dir is not None else "")
         if case_id is None:

@@ -2,7 +2,7 @@
 
 ``get_pool(world_size, device)`` returns the right one; both expose ``run``, ``run_seeded``,
 ``call``, ``pids``, ``wait_ready``, ``close`` and ``is_reporting_rank`` with the same meaning.
-``PoolProvider`` keeps one pool per world size for a whole run. ``is_reporting_process()`` says
+``PoolProvider`` keeps one pool per world size (and hosts: ``ranks_per_host``) for a whole run. ``is_reporting_process()`` says
 whether this process should print and write reports (under torchrun, rank 0 alone).
 ``resolve_device`` (the one device resolver) and ``host_cores`` come from
 ``paritykit.harness.devices``, re-exported for the pytest plugin and scripts that start pools.

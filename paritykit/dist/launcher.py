@@ -30,6 +30,8 @@ from paritykit.dist.messages import Raised, Returned
 from paritykit.dist.peers import Peer, gone_on_this_host, other_hosts, this_process
 from paritykit.errors import HarnessError, RankFailure
 from paritykit.harness.devices import bind_rank, collective_device, default_backend, resolve_device
+from paritykit.harness.hosts import POOL_RANK_VARIABLE, HostLayout, host_layout
+from paritykit.harness.plans import local_world_size
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # A killed rank's connections close while its process is still exiting: how long a peer that saw
@@ -38,7 +40,9 @@ PEER_EXIT_GRACE_S = 5.0
 
 
 def launched_by_torchrun() -> bool:
-    return all(name in os.environ for name in LAUNCHER_VARIABLES)
+    """Whether this process is a worker of a torchrun launch (a rank of paritykit's own pool, which
+    carries the same variables for torchrec's sake, is not)."""
+    return all(name in os.environ for name in LAUNCHER_VARIABLES) and POOL_RANK_VARIABLE not in os.environ
 
 
 def is_reporting_process() -> bool:
@@ -59,6 +63,9 @@ class LauncherGroup(RunShortcuts):
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        # The launch's hosts as torchrec groups them (one host when LOCAL_WORLD_SIZE does not divide the world).
+        self.hosts: HostLayout = host_layout(self.world_size, local_world_size(self.world_size))
+        self.ranks_per_host = self.hosts.ranks_per_host
         self.device = resolve_device(device, ranks_per_host=ranks_on_host)
         self.backend = backend or default_backend(self.device)
         self.timeout = float(timeout)
@@ -182,7 +189,7 @@ class LauncherGroup(RunShortcuts):
         self.close()
 
     def __repr__(self) -> str:
-        return f"LauncherGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r})"
+        return f"LauncherGroup(rank={self.rank}, world_size={self.world_size}, hosts={self.hosts}, backend={self.backend!r})"
 
 
 def _report_uncaught_exceptions_to_the_launcher() -> None:

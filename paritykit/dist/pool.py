@@ -27,7 +27,8 @@ from paritykit.dist.messages import CallRequest, InitError, Raised, RankError, R
 from paritykit.dist.ranks import Rank, death_signal_allowed, start_ranks, stop_ranks, take_stacks
 from paritykit.dist.rendezvous import PoolDirectory
 from paritykit.errors import HarnessError
-from paritykit.harness.devices import default_backend, resolve_device
+from paritykit.harness.devices import cuda_device_count, default_backend, resolve_device
+from paritykit.harness.hosts import gpus_by_host, host_layout
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torchrec")
@@ -52,7 +53,14 @@ class RankPool(RunShortcuts):
     ``world_size`` against the available memory), open files, and on CUDA one GPU per rank
     (``paritykit.dist.capacity`` says how each is measured). A size that does not fit is refused
     with a HarnessError giving those numbers before any rank starts. Cores are shared, not a bound.
-    Every rank is told it is on one host (LOCAL_WORLD_SIZE = ``world_size``, LOCAL_RANK = its rank).
+
+    ``ranks_per_host`` makes the pool stand for ``world_size // ranks_per_host`` hosts of that many
+    ranks (None: one host). Each rank gets what torchrun would set for a launch of that shape
+    (LOCAL_WORLD_SIZE, LOCAL_RANK = rank % ranks_per_host, GROUP_RANK = its host, RANK, WORLD_SIZE,
+    the role's), so torchrec builds the intra- and cross-host process groups of a real multi-host
+    launch and places table-row-wise and grid shards by host; on CUDA each host sees only its own
+    GPUs. A ``ranks_per_host`` that does not divide ``world_size`` is a HarnessError before any rank
+    starts. Plans for the pool are resolved with ``pool.ranks_per_host`` (docs/multihost.md).
     """
 
     # Only one process owns a local pool, so it is the one that reports (see LauncherGroup).
@@ -69,12 +77,16 @@ class RankPool(RunShortcuts):
         start_timeout: float | None = None,
         preload: tuple[str, ...] = DEFAULT_PRELOAD,
         failure_grace_s: float = DEFAULT_FAILURE_GRACE_S,
+        ranks_per_host: int | None = None,
     ) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise HarnessError(f"RankPool world_size must be a positive int, got {world_size!r}")
         if timeout <= 0:
             raise HarnessError(f"RankPool timeout must be positive, got {timeout!r}")
         self.world_size = world_size
+        self.hosts = host_layout(world_size, ranks_per_host)
+        self.ranks_per_host = self.hosts.ranks_per_host
+        # All the ranks run on this machine, whatever hosts they stand for.
         self.device = resolve_device(device, ranks_per_host=world_size)
         ensure_host_holds(world_size, self.device)
         self.backend = backend or default_backend(self.device)
@@ -85,6 +97,8 @@ class RankPool(RunShortcuts):
         self.failure_grace_s = failure_grace_s
         self.generation = 0
         self.startup_s: float | None = None
+        self._host_gpus = gpus_by_host(self.hosts, os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_device_count()) \
+            if self.device == "cuda" and self.hosts.hosts > 1 else None
         self._directory = PoolDirectory()
         self._ranks: list[Rank] | None = None
         self._ready = False
@@ -167,7 +181,8 @@ class RankPool(RunShortcuts):
         self.close()
 
     def __repr__(self) -> str:
-        return f"RankPool(world_size={self.world_size}, backend={self.backend!r}, device={self.device!r})"
+        hosts = f", ranks_per_host={self.ranks_per_host}" if self.hosts.hosts > 1 else ""
+        return f"RankPool(world_size={self.world_size}{hosts}, backend={self.backend!r}, device={self.device!r})"
 
     # -- starting and stopping ranks -------------------------------------------------------
 
@@ -183,6 +198,8 @@ class RankPool(RunShortcuts):
             arm_death_signal=death_signal_allowed(),
             preload=self.preload,
             timeout_s=self.timeout,
+            ranks_per_host=self.ranks_per_host,
+            visible_gpus=None if self._host_gpus is None else self._host_gpus[self.hosts.host_of(rank)],
         )
 
     def _start(self) -> None:
@@ -256,8 +273,9 @@ class RankPool(RunShortcuts):
     def _default_replay(self, call: Call) -> str:
         case = f", case={call.case!r}" if call.case else ""
         carried = f"  # with {', '.join(repr(state) for _, state in call.contexts)}" if call.contexts else ""
+        hosts = f", ranks_per_host={self.ranks_per_host}" if self.hosts.hosts > 1 else ""
         return (
-            f"RankPool({self.world_size}, backend={self.backend!r}, device={self.device!r})"
+            f"RankPool({self.world_size}{hosts}, backend={self.backend!r}, device={self.device!r})"
             f".call({function_name(call.fn)}, <args>, seed={call.seed}{case}){carried}"
         )
 

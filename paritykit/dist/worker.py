@@ -20,6 +20,7 @@ from paritykit.dist.capacity import peak_resident_bytes
 from paritykit.dist.messages import STOP, CallRequest, InitError, Raised, Ready, Returned
 from paritykit.harness import line_coverage
 from paritykit.harness.devices import bind_rank
+from paritykit.harness.hosts import POOL_RANK_VARIABLE, HostLayout
 from paritykit.harness.noise import quiet_known_noise
 
 # Sent by the parent to ask a rank for the Python stacks of all its threads.
@@ -38,6 +39,15 @@ class WorkerSpec:
     arm_death_signal: bool
     preload: tuple[str, ...]
     timeout_s: float
+    # The hosts the pool stands for (world_size: one host), and on CUDA the GPUs of this rank's host
+    # (CUDA_VISIBLE_DEVICES; None: leave it as inherited).
+    ranks_per_host: int = 0
+    visible_gpus: str | None = None
+
+    @property
+    def hosts(self) -> HostLayout:
+        ranks = self.ranks_per_host or self.world_size
+        return HostLayout(self.world_size // ranks, ranks)
 
 
 def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
@@ -65,26 +75,31 @@ def main(spec: WorkerSpec, conn: Connection, lifeline: Connection) -> None:
     _shutdown()
 
 
-def announce_one_host(rank: int, world_size: int) -> None:
-    """Tell torchrec what torchrun would: every rank of a pool is on this host.
+def announce_hosts(spec: WorkerSpec) -> None:
+    """Tell torchrec what torchrun would for a launch of the pool's hosts (one host unless the pool
+    stands for several): LOCAL_WORLD_SIZE, LOCAL_RANK, GROUP_RANK, RANK, WORLD_SIZE and the role's.
 
-    torchrec reads LOCAL_WORLD_SIZE and LOCAL_RANK (torchrec.distributed.comm.get_local_size) for
-    its topology; without them it logs "Could not determine LOCAL_WORLD_SIZE" on every sharded
-    module and assumes 8 ranks per host, which is wrong for any other pool size.
+    torchrec reads LOCAL_WORLD_SIZE and LOCAL_RANK (torchrec.distributed.comm.get_local_size) to group
+    ranks into hosts; without them it logs "Could not determine LOCAL_WORLD_SIZE" on every sharded
+    module and assumes 8 ranks per host. POOL_RANK_VARIABLE keeps paritykit from taking this rank
+    for a torchrun worker. On CUDA each host sees only its own GPUs, as on separate machines.
     """
-    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
-    os.environ["LOCAL_RANK"] = str(rank)
+    os.environ.update(spec.hosts.torchrun_environment(spec.rank))
+    os.environ[POOL_RANK_VARIABLE] = "1"
+    if spec.visible_gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_gpus
 
 
 def _init_process_group(spec: WorkerSpec) -> None:
-    announce_one_host(spec.rank, spec.world_size)
+    announce_hosts(spec)
     for module in spec.preload:
         importlib.import_module(module)
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    bind_rank(spec.device, local_rank=spec.rank, ranks_on_host=spec.world_size)
+    # The GPU is the local rank's among the host's; the cores are this machine's, shared by all ranks.
+    bind_rank(spec.device, local_rank=spec.hosts.local_rank(spec.rank), ranks_on_host=spec.world_size)
     dist.init_process_group(
         spec.backend,
         init_method=spec.init_method,

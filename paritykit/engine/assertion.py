@@ -65,7 +65,8 @@ def assert_sharded_matches_unsharded(
     """
     device = resolve_device(getattr(pool, "device", None) or "cpu")
     setup = build_setup(model_fn, plan, batches, loss_fn=loss_fn, embedding_optimizer=embedding_optimizer,
-                        dense_optimizer=dense_optimizer, lr=lr, seed=seed, device=device)
+                        dense_optimizer=dense_optimizer, lr=lr, seed=seed, device=device,
+                        ranks_per_host=getattr(pool, "ranks_per_host", None))
     reference = train_reference(setup, division=gradient_division())
     per_rank = run_on_ranks(setup, pool)
     header = f"{getattr(model_fn, '__qualname__', repr(model_fn))} sharded over {setup.world_size} ranks"

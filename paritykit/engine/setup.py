@@ -29,8 +29,12 @@ def build_setup(
     lr: float = DEFAULT_LR,
     seed: int = 0,
     device: str = "cpu",
+    ranks_per_host: int | None = None,
 ) -> TrainingSetup:
-    """Everything a run needs, resolved and validated in the caller (HarnessError for a user's mistake)."""
+    """Everything a run needs, resolved and validated in the caller (HarnessError for a user's mistake).
+
+    ``ranks_per_host``: the hosts of the ranks that will train it (a pool's ``ranks_per_host``); the
+    plan is resolved for them, not for this process's environment."""
     _check_picklable("model_fn", model_fn)
     if loss_fn is not None:
         _check_picklable("loss_fn", loss_fn)
@@ -44,7 +48,8 @@ def build_setup(
     embedding = require_embedding_optimizer(OptimizerSpec.of(embedding_optimizer, lr), device)
     # torchrec picks the fused kernel for tables that carry an in-backward optimizer: mark them first.
     apply_in_backward(embedding, table_parameters(model))
-    sharding_plan = resolve_plan(model, plan, world_size=world_size, device_type=torch.device(device).type)
+    sharding_plan = resolve_plan(model, plan, world_size=world_size, device_type=torch.device(device).type,
+                                 local_size=ranks_per_host)
     check_batches(steps, model=model)
     return TrainingSetup(
         model_fn=model_fn,

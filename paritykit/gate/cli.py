@@ -19,6 +19,7 @@ from typing import Iterator
 from pathlib import Path
 
 from paritykit.checks import known_issues
+from paritykit.checks.runner import DEFAULT_HOSTS
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.noise import quiet_known_noise
@@ -80,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--check", action="append", choices=list(CHECK_PACKAGES) + list(ALIASES), help="a check to run (repeatable); default: all")
     gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     gate.add_argument("--world-size", type=_world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
+    gate.add_argument("--hosts", type=_host_layouts, default=None, metavar="HxR[,HxR...]|none",
+                      help="also run the checks whose placements depend on hosts (sharding) on ranks standing for H hosts "
+                           f"of R ranks each (default: {','.join(map(str, DEFAULT_HOSTS))}; none under torchrun, where the "
+                           "launch's own hosts apply)")
     gate.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, help="hypothesis examples per property")
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--report", type=Path, default=None, metavar="DIR", help="write report.md, report.json, junit.xml here")
@@ -141,6 +146,30 @@ def _world_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def _host_layouts(text: str):
+    """"2x2" or "2x2,3x2" (hosts x ranks per host, at least two hosts), or "none"."""
+    from paritykit.harness.hosts import HostLayout
+
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        layouts = tuple(HostLayout.parse(part) for part in text.split(","))
+    except HarnessError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    single = [str(layout) for layout in layouts if layout.hosts < 2]
+    if single:
+        raise argparse.ArgumentTypeError(f"--hosts takes layouts of at least two hosts, got {single}: "
+                                         "one host of N ranks is --world-size N")
+    return tuple(dict.fromkeys(layouts))
+
+
+def _default_hosts():
+    """Cross-host placements beside the one-host world sizes; under torchrun the launch's hosts only."""
+    from paritykit.dist import launched_by_torchrun
+
+    return () if launched_by_torchrun() else DEFAULT_HOSTS
+
+
 def environment() -> dict[str, str]:
     import platform
 
@@ -185,6 +214,7 @@ def run_gate(args: argparse.Namespace) -> int:
     config = GateConfig(
         device=device,
         world_sizes=args.world_size or DEFAULT_WORLD_SIZES,
+        hosts=_default_hosts() if args.hosts is None else args.hosts,
         examples=args.examples,
         seed=args.seed,
         report_dir=args.report,

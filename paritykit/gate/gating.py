@@ -60,16 +60,16 @@ class LazyPools:
     def __init__(self, pools: PoolProvider) -> None:
         self._pools = pools
 
-    def get(self, world_size: int, backend: str | None = None) -> "_LazyPool":
-        return _LazyPool(self._pools, world_size, backend)
+    def get(self, world_size: int, backend: str | None = None, *, ranks_per_host: int | None = None) -> "_LazyPool":
+        return _LazyPool(self._pools, world_size, backend, ranks_per_host)
 
 
 class _LazyPool:
-    def __init__(self, pools: PoolProvider, world_size: int, backend: str | None) -> None:
-        self._pools, self.world_size, self._backend = pools, world_size, backend
+    def __init__(self, pools: PoolProvider, world_size: int, backend: str | None, ranks_per_host: int | None = None) -> None:
+        self._pools, self.world_size, self._backend, self._ranks_per_host = pools, world_size, backend, ranks_per_host
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._pools.get(self.world_size, self._backend), name)
+        return getattr(self._pools.get(self.world_size, self._backend, ranks_per_host=self._ranks_per_host), name)
 
 
 def run_checks(

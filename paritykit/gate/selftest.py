@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from paritykit.checks import CHECK_PACKAGES, load_plants
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig
+from paritykit.checks.runner import DEFAULT_HOSTS, GateConfig
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.gate.gating import run_checks
@@ -129,7 +129,7 @@ def run_selftest_command(names: list[str] | None, list_only: bool, device: str, 
     checks = sorted({known[n].check for n in names})
 
     def config(seed: int) -> GateConfig:
-        return GateConfig(device=device, world_sizes=(2,), examples=examples, seed=seed, shrink=False)
+        return GateConfig(device=device, world_sizes=(2,), hosts=DEFAULT_HOSTS, examples=examples, seed=seed, shrink=False)
 
     def clean(check: str, seed: int) -> CleanRun:
         if (check, seed) not in clean_runs:

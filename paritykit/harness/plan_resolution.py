@@ -9,9 +9,13 @@ A placement is one of torchrec's ``ParameterShardingGenerator``s (``sharding_pla
 short form (``("column_wise", (0, 1, 0))``, ``("table_wise", 1)``, ``"row_wise"``, ...).
 
 Resolution needs only the model's parameter shapes, so it runs in the caller: a plan that names a
-table the model lacks, leaves one out, puts a shard on a rank outside the world, or whose shards
-overlap or leave a gap, is a HarnessError naming the table (a user's mistake, never torchrec's
-refusal).
+table the model lacks, leaves one out, puts a shard on a rank outside the world, whose shards
+overlap or leave a gap, or whose table-row-wise or grid shards do not lie on one host's ranks, is a
+HarnessError naming the table (a user's mistake, never torchrec's refusal).
+
+Hosts: a plan is resolved for the hosts of the ranks it will run on (``local_size``: ranks per
+host; give the pool's ``ranks_per_host``), never for the caller's own environment: torchrec's
+generators place ``table_row_wise(host_index=1)`` on the second host's ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import nn
 
 from paritykit.errors import HarnessError, UnsupportedByTorchrec
+from paritykit.harness.hosts import HostLayout, host_layout
 from paritykit.harness.plans import PLAN_KINDS, local_world_size, normalize_plan_entry, parameter_sharding_generator
 
 
@@ -51,7 +56,11 @@ def table_shapes(module: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def resolve_plan(model: nn.Module, plan: Any, *, world_size: int, device_type: str, local_size: int | None = None):
-    """torchrec's ShardingPlan for ``plan`` (see the module docstring), validated against ``model``."""
+    """torchrec's ShardingPlan for ``plan`` (see the module docstring), validated against ``model``.
+
+    ``local_size``: ranks per host of the ranks that will run it (None: this process's launch, else
+    one host; ``paritykit.harness.plans.local_world_size``); HarnessError when it does not divide
+    ``world_size``."""
     from torchrec.distributed.types import ShardingPlan
 
     modules = embedding_modules(model)
@@ -63,7 +72,8 @@ def resolve_plan(model: nn.Module, plan: Any, *, world_size: int, device_type: s
         entries = per_module.get(fqn)
         if entries is None:
             raise HarnessError(f"the plan places no table of module {fqn!r} (tables {sorted(table_shapes(module))})")
-        resolved[fqn] = _resolve_module(fqn, module, entries, world_size, device_type, local_size or local_world_size(world_size))
+        layout = host_layout(world_size, local_world_size(world_size, local_size))
+        resolved[fqn] = _resolve_module(fqn, module, entries, layout, device_type)
     return ShardingPlan(resolved)
 
 
@@ -90,8 +100,7 @@ def _per_module(plan: Any, modules: dict[str, nn.Module]) -> dict[str, Mapping[s
     return per_module
 
 
-def _resolve_module(fqn: str, module: nn.Module, entries: Mapping[str, Any], world_size: int, device_type: str,
-                    local_size: int):
+def _resolve_module(fqn: str, module: nn.Module, entries: Mapping[str, Any], layout: HostLayout, device_type: str):
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding
 
     sharder = sharder_of(module)
@@ -106,10 +115,11 @@ def _resolve_module(fqn: str, module: nn.Module, entries: Mapping[str, Any], wor
         if not isinstance(placement, ParameterSharding):
             # A ParameterShardingGenerator, called as construct_module_sharding_plan calls it.
             try:
-                placement = placement(params[table], local_size, world_size, device_type, sharder)
+                placement = placement(params[table], layout.ranks_per_host, layout.world_size, device_type, sharder)
             except (AssertionError, ValueError, IndexError, KeyError, TypeError) as exc:
                 raise HarnessError(f"{where}: the placement cannot be built: {type(exc).__name__}: {exc}") from exc
-        validate_parameter_sharding(where, placement, tuple(params[table].shape), world_size)
+        validate_parameter_sharding(where, placement, tuple(params[table].shape), layout.world_size)
+        validate_hosts(where, placement, layout)
         check_implemented(where, sharder, placement, device_type)
         resolved[table] = placement
     return resolved
@@ -164,3 +174,27 @@ def validate_parameter_sharding(where: str, sharding: Any, shape: tuple[int, ...
         index = [int(i) for i in (coverage != 1).nonzero()[0]]
         count = int(coverage[tuple(index)])
         raise HarnessError(f"{where}: element {index} is covered by {count} shards ({'overlap' if count else 'gap'})")
+
+
+# Sharding types whose row shards torchrec lays on the ranks of one host, in local-rank order: TWRW
+# keeps only the first rank and gives shard i to local rank i of that host; GRID combines each column
+# block's row shards per host (its output dist reduce-scatters within the host).
+_ONE_HOST_ROW_SHARDS = ("table_row_wise", "grid_shard")
+
+
+def validate_hosts(where: str, sharding: Any, layout: HostLayout) -> None:
+    """Table-row-wise shards are one host's ranks in local-rank order; grid shards are blocks of
+    ``ranks_per_host`` such ranks, one per column block (a host may hold several). HarnessError
+    naming the table, its ranks and the layout otherwise."""
+    if sharding.sharding_type not in _ONE_HOST_ROW_SHARDS or not sharding.ranks:
+        return
+    ranks, size = list(sharding.ranks), layout.ranks_per_host
+    blocks = [tuple(ranks[i:i + size]) for i in range(0, len(ranks), size)]
+    one_host_each = all(block == layout.ranks_of_host(layout.host_of(block[0])) for block in blocks)
+    if not one_host_each or (sharding.sharding_type == "table_row_wise" and len(blocks) != 1):
+        raise HarnessError(
+            f"{where}: {sharding.sharding_type} shards on ranks {ranks}, but on {layout.describe()} "
+            f"{'its' if sharding.sharding_type == 'table_row_wise' else 'each column block of'} {size} row shards must be "
+            f"one host's ranks in order (host h: ranks {size}h..{size}h+{size - 1}); "
+            "was the plan resolved for other hosts than the ranks it runs on?"
+        )

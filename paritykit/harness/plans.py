@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from paritykit.errors import HarnessError
+from paritykit.harness.hosts import host_layout, ranks_per_host_of_this_launch
 
 # Plan entry kinds (torchrec's sharding type names) and the number of arguments each takes.
 PLAN_KINDS = {
@@ -96,15 +96,16 @@ def row_wise_mean_beside_others(tables: Sequence[Any], plan: Mapping[str, Any]) 
     return row_mean and any(plan[t.name][0] not in ROW_WISE_KINDS for t in tables)
 
 
-def local_world_size(world_size: int) -> int:
-    """Ranks per host as torchrec will see them: a torchrun launch's LOCAL_WORLD_SIZE (which torchrec
-    reads to group ranks into hosts for TWRW, TWCW and GRID) when it divides ``world_size``, else one
-    host of ``world_size`` ranks (paritykit's own pool, or a caller outside any launch)."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    same_launch = os.environ.get("WORLD_SIZE") == str(world_size)
-    if same_launch and local.isdigit() and 0 < int(local) <= world_size and world_size % int(local) == 0:
-        return int(local)
-    return world_size
+def local_world_size(world_size: int, ranks_per_host: int | None = None) -> int:
+    """Ranks per host as torchrec will see them (it groups ranks into hosts for TWRW, TWCW and GRID).
+
+    ``ranks_per_host`` when given: the hosts of the pool the plan is for (validated: it must divide
+    ``world_size``). Otherwise this process's launch (a torchrun launch's LOCAL_WORLD_SIZE, or a pool
+    rank's) when it is a launch of ``world_size`` ranks, else one host of ``world_size`` ranks.
+    """
+    if ranks_per_host is not None:
+        return host_layout(world_size, ranks_per_host).ranks_per_host
+    return ranks_per_host_of_this_launch(world_size) or world_size
 
 
 def has_shard_without_rows(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> bool:

@@ -18,7 +18,8 @@ from paritykit.harness.sharded import gradient_division
 
 def case_setup(case: ShardingCase, device: str = "cpu"):
     setup = build_setup(model_fn(case), torchrec_plan(case), batches_of(case), embedding_optimizer=case.optimizer,
-                        dense_optimizer=case.dense_optimizer, seed=case.seed, device=device)
+                        dense_optimizer=case.dense_optimizer, seed=case.seed, device=device,
+                        ranks_per_host=case.hosts.ranks_per_host)
     return dataclasses.replace(setup, probes=(sharded_cw_permutations,)) if case.module == "ec" else setup
 
 
@@ -40,6 +41,9 @@ def run_sharding_case(case: ShardingCase, pool: Any) -> dict[str, Any]:
     """ParityError naming step, rank, table or feature and element; else what was compared."""
     if pool.world_size != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
+    if getattr(pool, "ranks_per_host", pool.world_size) != case.hosts.ranks_per_host:
+        raise HarnessError(f"case needs {case.hosts.describe()}, the pool stands for "
+                           f"{pool.world_size // pool.ranks_per_host} host(s) of {pool.ranks_per_host} ranks")
     setup = case_setup(case, pool.device)
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from paritykit.harness.optimizers import OptimizerSpec
+from paritykit.harness.hosts import HostLayout, host_layout
 from paritykit.harness.plans import describe_plan, normalize_plan_entry, parameter_sharding_generator
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, build_ec, feature_names_of
@@ -52,6 +53,13 @@ class ShardingCase:
     optimizer: str | OptimizerSpec = "sgd"
     dense_optimizer: str | OptimizerSpec = "sgd"
     steps: tuple[tuple[RankBatch, ...], ...] = field(default=(), hash=False)
+    # The hosts the ranks stand for (None: one host of world_size ranks); the plan is resolved for
+    # them. Out of the repr (which the case id hashes) so one-host ids stay as they were; describe() says it.
+    ranks_per_host: int | None = field(default=None, repr=False)
+
+    @property
+    def hosts(self) -> HostLayout:
+        return host_layout(self.world_size, self.ranks_per_host)
 
     def kernel_of(self, table: str) -> str:
         if self.plan[table][0] == "data_parallel":
@@ -75,7 +83,10 @@ class ShardingCase:
         """The plan with table names and ranks left out: what a count of examples is grouped by."""
         kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "table_column_wise") else e[0] for e in self.plan.values())
         vbe = "/vbe" if any(b.inverse for step in self.steps for b in step) else ""
-        return f"{self.module}/ws{self.world_size}/{optimizer_name(self.optimizer)}/" + "+".join(kinds) + vbe
+        return f"{self.module}/ws{self.world_size}{self._hosts_label('/')}/{optimizer_name(self.optimizer)}/" + "+".join(kinds) + vbe
+
+    def _hosts_label(self, prefix: str) -> str:
+        return f"{prefix}hosts={self.hosts}" if self.hosts.hosts > 1 else ""
 
     def describe(self) -> str:
         tables = ", ".join(
@@ -86,7 +97,7 @@ class ShardingCase:
         flags = f"need_indices={self.need_indices}" if self.module == "ec" else f"weighted={self.weighted}"
         if any(batch.inverse is not None for step in self.step_batches() for batch in step):
             flags += " variable_batch=True"
-        return (f"{self.module} world_size={self.world_size} {flags} optimizer={optimizer_text(self.optimizer)}/{optimizer_text(self.dense_optimizer)} "
+        return (f"{self.module} world_size={self.world_size}{self._hosts_label(' ')} {flags} optimizer={optimizer_text(self.optimizer)}/{optimizer_text(self.dense_optimizer)} "
                 f"steps={len(self.step_batches())} plan={describe_plan(self.plan)} tables=({tables}) seed={self.seed}")
 
     def case_id(self) -> str:

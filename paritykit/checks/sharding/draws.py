@@ -8,6 +8,12 @@ variable batch per feature with inverse indices (VBE, EBC), the KJT's keys in an
 and empty features, and several training steps with a fused and a dense optimizer whose
 hyper-parameters are drawn too (optimizer_draws.py).
 
+On ranks that stand for several hosts (``ranks_per_host``) every case is an EBC with at least one
+table placed by host (TWRW on any host, or GRID with one column block per host index in any order,
+repeats included: the code that builds and uses torchrec's intra- and cross-host process groups),
+beside TWCW on any one host's ranks, CW shards on ranks across hosts, TW, RW and DP. (An EC has no
+placement by host: its CW shards across hosts are drawn on one host's pools as well.)
+
 Combinations that fail inside torchrec are kept out of the draws by ``BrokenCombination`` rules
 (known_broken.py) and run on purpose as their own cases instead.
 """
@@ -16,54 +22,76 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.checks.sharding.known_broken import repair
 from paritykit.checks.sharding.optimizer_draws import dense_optimizers, embedding_optimizers
-from paritykit.harness.plans import ROW_WISE_FAMILY, local_world_size
+from paritykit.harness.hosts import HostLayout, host_layout
+from paritykit.harness.plans import ROW_WISE_FAMILY
 from paritykit.harness.tables import TableSpec
 
 EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
 EC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "data_parallel")
+# Placements whose torchrec code depends on the hosts (intra- and cross-host process groups).
+BY_HOST = ("table_row_wise", "grid_shard")
 SHARD_WIDTHS = (4, 8)
 SHARD_COUNTS = (1, 2, 3, 4)
 MAX_IDS_PER_ROW = 3
 
 
-def _placement(draw: Any, kind: str, world_size: int, shards: int) -> tuple:
-    rank = st.integers(0, world_size - 1)
-    if kind == "table_column_wise":  # TWCW shards stay on one host: the first one's ranks
-        first_host = st.integers(0, local_world_size(world_size) - 1)
-        return (kind, tuple(draw(st.lists(first_host, min_size=shards, max_size=shards))))
-    if kind == "column_wise":
+def _placement(draw: Any, kind: str, hosts: HostLayout, shards: int) -> tuple:
+    """One table's placement; ``shards``: its column shards (CW, TWCW) or column blocks (GRID)."""
+    rank, host = st.integers(0, hosts.world_size - 1), st.integers(0, hosts.hosts - 1)
+    if kind == "table_column_wise":  # TWCW shards stay on one host, any host's ranks
+        on_host = st.sampled_from(hosts.ranks_of_host(draw(host)))
+        return (kind, tuple(draw(st.lists(on_host, min_size=shards, max_size=shards))))
+    if kind == "column_wise":  # any ranks: across hosts when there are several
         return (kind, tuple(draw(st.lists(rank, min_size=shards, max_size=shards))))
     if kind == "table_wise":
         return (kind, draw(rank))
-    if kind == "table_row_wise":
-        return (kind, 0)  # the first host's ranks
-    if kind == "grid_shard":
-        return (kind, (0,))
+    if kind == "table_row_wise":  # the rows over that host's ranks
+        return (kind, draw(host))
+    if kind == "grid_shard":  # column block i on host indexes[i]: the rows over that host's ranks
+        if shards > 1 and draw(st.booleans()):  # each block on its own host, the hosts in any order
+            return (kind, tuple(draw(st.permutations(range(hosts.hosts)))[:shards]))
+        return (kind, tuple(draw(st.lists(host, min_size=shards, max_size=shards))))
     return (kind,)
 
 
-def _draw_tables(draw: Any, module: str, world_size: int, device_kinds: tuple[str, ...]):
+def _shape(draw: Any, kind: str, hosts: HostLayout) -> tuple[int, int]:
+    """(column shards or grid blocks, embedding dim) of an EBC table placed ``kind``. torchrec's
+    grid_shard cuts columns into blocks of MIN_CW_DIM (its planner's constant), so a grid of several
+    blocks is that wide per block; on one host a grid has one block."""
+    if kind != "grid_shard":
+        shards = draw(st.sampled_from(SHARD_COUNTS))
+        return shards, shards * draw(st.sampled_from(SHARD_WIDTHS))
+    blocks = draw(st.integers(1, hosts.hosts))
+    if blocks == 1:
+        return 1, draw(st.sampled_from(SHARD_COUNTS)) * draw(st.sampled_from(SHARD_WIDTHS))
+    from torchrec.distributed.planner.constants import MIN_CW_DIM
+
+    return blocks, blocks * MIN_CW_DIM
+
+
+def _draw_tables(draw: Any, module: str, hosts: HostLayout, device_kinds: tuple[str, ...]):
     count = draw(st.integers(1, 4))
+    by_host = tuple(k for k in BY_HOST if k in device_kinds) if hosts.hosts > 1 else ()
     ec_shards, ec_width = draw(st.sampled_from(SHARD_COUNTS)), draw(st.sampled_from(SHARD_WIDTHS))
     weighted = module == "ebc" and draw(st.booleans())
     features = [f"f{i}" for i in range(count)]
     tables, plan, kernels = [], {}, {}
     for index in range(count):
-        kind = draw(st.sampled_from(device_kinds))
-        shards = ec_shards if module == "ec" else draw(st.sampled_from(SHARD_COUNTS))
-        width = ec_width if module == "ec" else draw(st.sampled_from(SHARD_WIDTHS))
+        kind = draw(st.sampled_from(by_host if index == 0 and by_host else device_kinds))
+        shards, dim = (ec_shards, ec_shards * ec_width) if module == "ec" else _shape(draw, kind, hosts)
         names = [features[index]] + ([features[draw(st.integers(0, index - 1))]] if index and draw(st.booleans()) else [])
         tables.append(TableSpec(
-            name=f"t{index}", num_embeddings=draw(st.integers(4, 12)), embedding_dim=shards * width,
+            name=f"t{index}", num_embeddings=draw(st.integers(4, 12)), embedding_dim=dim,
             feature_names=tuple(dict.fromkeys(names)),
             pooling="SUM" if module == "ec" or weighted else draw(st.sampled_from(("SUM", "MEAN"))),
         ))
-        plan[f"t{index}"] = _placement(draw, kind, world_size, shards)
+        plan[f"t{index}"] = _placement(draw, kind, hosts, shards)
         kernels[f"t{index}"] = "fused" if module == "ec" else draw(st.sampled_from(("fused", "dense")))
     return tables, plan, kernels, weighted
 
@@ -92,10 +120,13 @@ def _rank_batch(draw: Any, keys: list[str], bounds: dict[str, int], weighted: bo
 
 
 @st.composite
-def sharding_cases(draw: Any, world_size: int, device_kinds: dict[str, tuple[str, ...]], steps: int = 3) -> ShardingCase:
-    """A ShardingCase at ``world_size``; ``device_kinds[module]`` the placements to draw from."""
-    module = draw(st.sampled_from(("ebc", "ec")))
-    tables, plan, kernels, weighted = _draw_tables(draw, module, world_size, device_kinds[module])
+def sharding_cases(draw: Any, world_size: int, device_kinds: dict[str, tuple[str, ...]], steps: int = 3,
+                   ranks_per_host: int | None = None) -> ShardingCase:
+    """A ShardingCase at ``world_size`` (hosts of ``ranks_per_host`` ranks; None: one host);
+    ``device_kinds[module]`` the placements to draw from."""
+    hosts = host_layout(world_size, ranks_per_host)
+    module = "ebc" if hosts.hosts > 1 else draw(st.sampled_from(("ebc", "ec")))
+    tables, plan, kernels, weighted = _draw_tables(draw, module, hosts, device_kinds[module])
     bounds: dict[str, int] = {}
     for table in tables:
         for feature in table.feature_names:
@@ -116,6 +147,9 @@ def sharding_cases(draw: Any, world_size: int, device_kinds: dict[str, tuple[str
         module=module, world_size=world_size, tables=tuple(tables), plan=plan, kernels=kernels,
         need_indices=module == "ec" and draw(st.booleans()), weighted=weighted,
         optimizer=draw(embedding_optimizers(vbe)), dense_optimizer=draw(dense_optimizers()),
-        steps=batches, seed=draw(st.integers(0, 2**16)),
+        steps=batches, seed=draw(st.integers(0, 2**16)), ranks_per_host=ranks_per_host,
     )
-    return repair(case)
+    case = repair(case)
+    # A repair may take the table placed by host away (GRID with a variable batch, on stacks where that fails).
+    assume(hosts.hosts == 1 or any(entry[0] in BY_HOST for entry in case.plan.values()))
+    return case

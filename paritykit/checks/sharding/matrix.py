@@ -14,7 +14,8 @@ from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
 from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
-from paritykit.harness.plans import implemented_placements
+from paritykit.harness.hosts import HostLayout, host_layout
+from paritykit.harness.plans import implemented_placements, local_world_size
 
 NAME = "sharding"
 
@@ -31,19 +32,28 @@ def placements_by_module(device: str) -> dict[str, tuple[str, ...]]:
     }
 
 
+def host_layouts(config: GateConfig) -> list[HostLayout]:
+    """Each world size as the hosts its pool stands for (one host; under torchrun the launch's), then
+    the config's layouts of several hosts."""
+    layouts = [host_layout(w, local_world_size(w)) for w in config.world_sizes] + list(config.hosts)
+    return list(dict.fromkeys(layouts))
+
+
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results: list[CaseResult] = []
     known_broken: list[CaseResult] = []
     kinds = placements_by_module(config.device)
-    for world_size in config.world_sizes:
-        pool = pools.get(world_size)
+    for hosts in host_layouts(config):
+        ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
+        pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
         results += run_property(
             NAME,
-            sharding_cases(world_size, kinds),
+            sharding_cases(hosts.world_size, kinds, ranks_per_host=ranks_per_host),
             lambda case, pool=pool: run_sharding_case(case, pool),
             config,
             case_id=lambda case: case.case_id(),
-            explicit=pinned_cases(world_size) + optimizer_pinned_cases(world_size),
+            # The optimizer cases are about fbgemm's rules, not placements: one host is enough.
+            explicit=pinned_cases(hosts.world_size, ranks_per_host) + (optimizer_pinned_cases(hosts.world_size) if hosts.hosts == 1 else ()),
         )
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).

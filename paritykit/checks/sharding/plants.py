@@ -302,3 +302,38 @@ def fused_optimizer_state_named_by_index() -> ContextManager[None]:
         return init
 
     return replaced(EmbeddingFusedOptimizer, "__init__", planted)
+
+
+@register("twrw-input-dist-not-staggered", check=CHECK)
+def twrw_input_dist_not_staggered() -> ContextManager[None]:
+    """TWRW's (and GRID's) input all-to-all forgets to stagger by the number of hosts: a rank reads the
+    ids it received from the other hosts' ranks in plain rank order, so its pooled rows go to other
+    samples. One host has nothing to stagger; only ranks on several hosts show it."""
+    from torchrec.distributed.sharding import twrw_sharding
+
+    def planted(original):
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self._dist._stagger = 1
+
+        return init
+
+    return replaced(twrw_sharding.TwRwSparseFeaturesDist, "__init__", planted)
+
+
+@register("grid-blocks-in-host-order", check=CHECK)
+def grid_blocks_in_host_order() -> ContextManager[None]:
+    """GRID stitches a table's column blocks in the order of the hosts holding them instead of their
+    column offsets: a table whose host indexes are not ascending (grid_shard([1, 0])) returns its
+    columns swapped. On one host every block is on host 0, in column order: nothing to see there."""
+    from torchrec.distributed.sharding.grid_sharding import BaseGridEmbeddingSharding
+
+    def planted(original):
+        def combine(self):
+            original(self)
+            names = self._embedding_names
+            self._embedding_order = [i for name in self._combined_embedding_names for i, n in enumerate(names) if n == name]
+
+        return combine
+
+    return replaced(BaseGridEmbeddingSharding, "_init_combined_embeddings", planted)

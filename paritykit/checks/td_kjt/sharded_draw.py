@@ -32,7 +32,7 @@ from paritykit.checks.td_kjt.sharded_spec import (
     RankBatch,
     ShardedCase,
 )
-from paritykit.harness.plans import ROW_WISE_KINDS, row_wise_mean_beside_others
+from paritykit.harness.plans import ROW_WISE_KINDS, local_world_size, row_wise_mean_beside_others
 from paritykit.harness.tables import TableSpec
 from paritykit.strategies import (
     CONTIGUOUS_FORMS,
@@ -158,7 +158,9 @@ def placement_entry(kind: str, world_size: int, draw: Any, cw_shards: int | None
     if kind == "table_wise":
         return (kind, draw(st.integers(0, world_size - 1)))
     if kind == "table_row_wise":
-        return (kind, 0)  # one host: every rank is local
+        # Any host of a torchrun launch of several (the ranks shard with the launch's hosts); else host 0.
+        hosts = world_size // local_world_size(world_size)
+        return (kind, draw(st.integers(0, hosts - 1)) if hosts > 1 else 0)
     return (kind,)
 
 
