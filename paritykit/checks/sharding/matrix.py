@@ -8,6 +8,7 @@ from collections import Counter
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
 from paritykit.checks.sharding.case_runner import run_sharding_case
+from paritykit.checks.sharding.dmp_matrix import run_dmp_matrix
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
 from paritykit.checks.sharding.pinned import pinned_cases
@@ -54,6 +55,10 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         # Every outcome is reported as it is; the gate matches failures against the known issues.
         known_broken.append(run_known_broken_case(NAME, f"known-broken {rule.name} {case.case_id()}", config, pool,
                                                   lambda case=case, pool=pool: run_sharding_case(case, pool)))
+    # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py).
+    dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
+    results += dmp_results
+    known_broken += dmp_known_broken
     if not examples_per_plan_shape(results) and not any(r.status == "fail" for r in results):
         results.append(CaseResult(NAME, "<no examples>", "error", replay=config.replay(NAME),
                                   message=str(HarnessError("no sharding example ran: every draw was rejected or unsupported"))))

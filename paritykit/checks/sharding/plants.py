@@ -192,3 +192,7 @@ def fused_optimizer_learning_rate_doubled() -> ContextManager[None]:
         return merge
 
     return replaced(embeddingbag, "merge_fused_params", planted)
+
+
+# The DMP and collectives plants live beside their cases; importing them registers them here.
+from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401
