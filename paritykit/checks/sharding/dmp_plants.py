@@ -129,3 +129,22 @@ def bare_named_parameters_only_sharded() -> ContextManager[None]:
         return bare_named_parameters
 
     return replaced(DistributedModelParallel, "bare_named_parameters", planted)
+
+
+@register("all-gather-backward-not-divided", check=CHECK)
+def all_gather_backward_not_divided() -> ContextManager[None]:
+    """The pooled all-gather's backward (its reduce-scatter of the gradients) stops dividing by the world
+    size although gradient division is on."""
+    import torch.distributed as dist
+    from torchrec.distributed import comm_ops
+
+    def planted(original):
+        def backward(ctx, *unused):
+            result = original(ctx, *unused)
+            if comm_ops.GRADIENT_DIVISION:
+                result[3].mul_(dist.get_world_size(ctx.pg))
+            return result
+
+        return staticmethod(backward)
+
+    return replaced(comm_ops.AllGatherBase_Req, "backward", planted)
