@@ -104,3 +104,29 @@ def test_torchrecs_process_wide_switches_are_set_for_one_call_and_restored(rank_
     options = DmpOptions(sync_collectives=True, gradient_division=False, ec_index_dedup=True)
     for inside, after in rank_pool.run(_switches_inside_and_after, options):
         assert inside == (True, False, True) and after == (False, True, False)
+
+
+@pytest.mark.world_size(2)
+def test_the_buffers_probe_reads_the_dense_buffer_dmp_lists_and_a_wrong_one_is_named(rank_pool):
+    from paritykit.checks.sharding.dmp_cases import buffers_problem
+    from paritykit.checks.sharding.dmp_models import unsharded_buffers
+    from paritykit.engine.training import TrainingRecord
+
+    case = next(case for case in CASES if case.model == "ebc-under-dense")
+    setup = dataclasses.replace(dmp_setup(case), probes=(unsharded_buffers,))
+    record = TrainingRecord([], [], [], {}, probes=[[probed] for probed in rank_pool.run(_probe_buffers, setup)])
+    assert [set(probes[-1]) for probes in record.probes] == [{"shift"}, {"shift"}]
+    assert buffers_problem(case, setup, record) is None
+    record.probes[1][-1]["shift"] = record.probes[1][-1]["shift"] + 1
+    assert "rank 1: DMP.named_buffers()" in buffers_problem(case, setup, record)
+
+
+def _probe_buffers(setup):
+    from paritykit.checks.sharding.dmp_models import unsharded_buffers
+    from paritykit.harness.devices import rank_device
+    from paritykit.harness.dmp import load_full_state
+    from paritykit.engine.training import build_model
+
+    dmp = setup.options.sharded(lambda: build_model(setup), setup.sharding_plan, rank_device(setup.device))
+    load_full_state(dmp, setup.full_state)
+    return unsharded_buffers(dmp)

@@ -109,14 +109,25 @@ class DmpOptions:
     @contextlib.contextmanager
     def on_rank(self) -> Iterator[None]:
         """torchrec's process-wide switches for one call, restored after it (the pool is reused)."""
+        from torchrec.distributed import comm_ops, embedding
+
+        saved = comm_ops.get_use_sync_collectives(), comm_ops.get_gradient_division(), embedding.get_ec_index_dedup()
+        with contextlib.ExitStack() as stack:
+            if self.sync_collectives:
+                # torchrec's own context manager where it has one (it restores the switch itself).
+                switch = getattr(comm_ops, "torchrec_use_sync_collectives", None)
+                if switch is not None:
+                    stack.enter_context(switch())
+                else:
+                    comm_ops.set_use_sync_collectives(True)
+            yield from self._switched(saved)
+
+    def _switched(self, saved: tuple[bool, bool, bool]) -> Iterator[None]:
         import warnings
 
         from torchrec.distributed import comm_ops, embedding
 
-        saved = comm_ops.get_use_sync_collectives(), comm_ops.get_gradient_division(), embedding.get_ec_index_dedup()
         try:
-            if self.sync_collectives:
-                comm_ops.set_use_sync_collectives(True)
             if self.gradient_division is not None:
                 comm_ops.set_gradient_division(self.gradient_division)
             with warnings.catch_warnings():

@@ -32,10 +32,11 @@ def reshard(dmp: nn.Module, plan: Any) -> None:
     delta_of = getattr(dynamic_sharding, "output_sharding_plans_delta", None)
     if delta_of is None or not hasattr(dmp, "reshard"):
         raise HarnessError("this torchrec has no DistributedModelParallel.reshard / output_sharding_plans_delta")
+    deltas = {fqn: (volume, delta) for fqn, (volume, delta) in delta_of(dmp.plan.plan, plan.plan, True).items() if len(delta)}
     with agreeing_p2p_tags():
-        for fqn, (volume, delta) in delta_of(dmp.plan.plan, plan.plan, True).items():
-            if len(delta):
-                dmp.reshard({fqn: (volume, delta)}, sharded_module_fqn=fqn or None)
+        for fqn in deltas:
+            # A model with one sharded module: let DMP find it (its search path); several: name each.
+            dmp.reshard(deltas, sharded_module_fqn=fqn if len(dmp.plan.plan) > 1 else None)
 
 
 def rank_tags() -> int:

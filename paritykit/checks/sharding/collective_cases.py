@@ -64,13 +64,18 @@ def _upstream(op: str, rank: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _call(op: str, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
-    from torchrec.distributed import comm_ops
+    """The list reduce-scatter and the flat one straight from comm_ops; the uneven one and the all-gather
+    through the dist_data modules that wrap them (PooledEmbeddingsReduceScatter, PooledEmbeddingsAllGather)."""
+    import torch.distributed as dist
+    from torchrec.distributed import comm_ops, dist_data
 
     if op == "reduce_scatter_pooled":
         return comm_ops.reduce_scatter_pooled(list(tensor.split(2))).wait()
     if op == "reduce_scatter_v_pooled":
-        return comm_ops.reduce_scatter_v_pooled(tensor, rows_per_rank(world_size)).wait()
-    return getattr(comm_ops, op)(tensor).wait()
+        return dist_data.PooledEmbeddingsReduceScatter(dist.group.WORLD)(tensor, rows_per_rank(world_size)).wait()
+    if op == "all_gather_base_pooled":
+        return dist_data.PooledEmbeddingsAllGather(dist.group.WORLD)(tensor).wait()
+    return comm_ops.reduce_scatter_base_pooled(tensor).wait()
 
 
 def run_collectives_on_rank(case: CollectiveCase) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -26,7 +26,9 @@ import torch
 
 from paritykit.checks.sharding.case_runner import case_setup, permutation_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
-from paritykit.checks.sharding.dmp_models import BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense
+from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
+                                                   unsharded_buffers)
+from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records
 from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard
 from paritykit.engine.reference import train_reference
@@ -107,13 +109,28 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     if pool.world_size != case.base.world_size:
         raise HarnessError(f"case needs world size {case.base.world_size}, the pool has {pool.world_size}")
     setup = dmp_setup(case, pool.device)
+    if case.model == "ebc-under-dense":
+        setup = dataclasses.replace(setup, probes=setup.probes + (unsharded_buffers,))
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
-    problem = permutation_problem(case.base, setup, record) if case.model == "module" else None
+    problem = permutation_problem(case.base, setup, record) if case.model == "module" else buffers_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
     metrics = compare_records(record, reference, tolerance_of(case), case.describe())
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
+
+
+def buffers_problem(case: DmpCase, setup: TrainingSetup, record: Any) -> str | None:
+    """DMP's named_buffers outside the sharded modules against the unsharded model's own buffers."""
+    if case.model != "ebc-under-dense":
+        return None
+    expected = dict(setup.model_fn().named_buffers())
+    for rank, probes in enumerate(record.probes):
+        found = find_differences(probes[-1], expected, exact=True, name="named_buffers")
+        if found:
+            return f"rank {rank}: DMP.named_buffers() outside the sharded modules is not the unsharded model's:\n" + \
+                format_differences(found[:3], exact=True, msg="named_buffers")
+    return None
 
 
 # -- the pinned cases -------------------------------------------------------------------------------
@@ -186,6 +203,9 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
                 DmpOptions(hyper_parameters=schedule)),
         # FP16 codecs on every pooled, reduce-scatter and sequence communication, async and sync.
         DmpCase("qcomm-fp16", _ebc(world_size, {**mixed, "t1": ("table_row_wise", 0)}, 37, "adagrad"), qcomm),
+        DmpCase("qcomm-fp16", _ebc(world_size, {**mixed, "t1": ("table_row_wise", 0)}, 47, "adagrad"),
+                dataclasses.replace(qcomm, sync_collectives=True)),
+        DmpCase("qcomm-fp16", _ebc(world_size, mixed, 48, steps=_vbe_steps(world_size)), dataclasses.replace(qcomm, sync_collectives=True)),
         DmpCase("qcomm-fp16", dataclasses.replace(ec, seed=44), dataclasses.replace(qcomm, sync_collectives=True)),
         # Built on the meta device, DDP wrapped after construction, the dense optimizer over bare_named_parameters.
         DmpCase("meta-init", _ebc(world_size, mixed, 38, "adagrad"), DmpOptions(meta_model=True, init_data_parallel=False,

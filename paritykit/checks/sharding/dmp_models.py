@@ -36,10 +36,24 @@ class EbcUnderDense(nn.Module):
             shape = self.dense.weight.shape
             self.dense.weight.copy_(torch.randn(shape, generator=generator("ebc-under-dense", seed, tuple(shape))) * 0.3)
             self.dense.bias.fill_(0.1)
+        # A buffer outside the sharded module: DMP must list it (named_buffers) and carry it.
+        self.register_buffer("shift", torch.linspace(-0.1, 0.1, DENSE_OUT))
 
     def forward(self, kjt):
         pooled = self.ebc(kjt).to_dict()
-        return {"pooled": pooled, "dense": self.dense(torch.cat([pooled[f] for f in self.features], dim=1))}
+        return {"pooled": pooled, "dense": self.dense(torch.cat([pooled[f] for f in self.features], dim=1)) + self.shift}
+
+
+def unsharded_buffers(dmp: nn.Module) -> dict[str, torch.Tensor]:
+    """A probe (run on every rank after the state is loaded): the buffers DMP's named_buffers lists outside
+    its sharded modules, by their unsharded names."""
+    from torchrec.distributed.types import ShardedModule
+
+    from paritykit.harness.dmp import canonical_name
+
+    sharded = [canonical_name(name) for name, module in dmp.named_modules() if isinstance(module, ShardedModule)]
+    return {canonical_name(name): buffer.detach().clone() for name, buffer in dmp.named_buffers()
+            if not any(canonical_name(name).startswith(f"{fqn}.") for fqn in sharded)}
 
 
 def build_ebc_under_dense(tables: tuple[TableSpec, ...], seed: int) -> nn.Module:
