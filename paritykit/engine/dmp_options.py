@@ -10,6 +10,7 @@ of torchrec's collectives that must not change the numbers the unsharded referen
     DmpOptions(copy=True)                             # train dmp.copy(device), not the DMP itself
     DmpOptions(dense_from_bare=True)                  # the dense optimizer over dmp.bare_named_parameters()
     DmpOptions(reshard=Reshard(before_step=2, plan=new_plan))   # DMP.reshard to another placement mid-run
+    DmpOptions(ec_index_dedup=True)                   # set_ec_index_dedup (fbgemm's CPU build cannot run it)
 
 Everything here is resolved in the caller (``check``: a HarnessError before any rank runs) and pickles to
 the ranks. The rank side (``on_rank``, ``sharded``, ``before_step``, ``after_step``) is called by
@@ -57,7 +58,7 @@ class Reshard:
 class DmpOptions:
     sync_collectives: bool = False
     gradient_division: bool | None = None  # None: whatever torchrec's switch says in the caller
-    hyper_parameters: tuple[Mapping[str, float], ...] = ()
+    hyper_parameters: tuple[Mapping[str, float], ...] = field(default=(), hash=False)
     qcomm: QComm | None = None
     meta_model: bool = False
     init_data_parallel: bool = True
@@ -71,9 +72,7 @@ class DmpOptions:
 
     def check(self, steps: int, embedding_optimizer: str) -> None:
         """HarnessError naming the option at fault, before any rank runs."""
-        from torchrec.distributed import comm_ops
-
-        from torchrec.distributed import embedding
+        from torchrec.distributed import comm_ops, embedding
 
         if self.sync_collectives and not hasattr(comm_ops, "set_use_sync_collectives"):
             raise HarnessError("sync_collectives: this torchrec has no comm_ops.set_use_sync_collectives")
