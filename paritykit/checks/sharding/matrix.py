@@ -45,6 +45,11 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             case_id=lambda case: case.case_id(),
             explicit=pinned_cases(world_size),
         )
+    # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py),
+    # before the known-broken cases below, whose failures may cost a pool rebuild.
+    dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
+    results += dmp_results
+    known_broken += dmp_known_broken
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).
     for rule in RULES:
@@ -55,10 +60,6 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         # Every outcome is reported as it is; the gate matches failures against the known issues.
         known_broken.append(run_known_broken_case(NAME, f"known-broken {rule.name} {case.case_id()}", config, pool,
                                                   lambda case=case, pool=pool: run_sharding_case(case, pool)))
-    # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py).
-    dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
-    results += dmp_results
-    known_broken += dmp_known_broken
     if not examples_per_plan_shape(results) and not any(r.status == "fail" for r in results):
         results.append(CaseResult(NAME, "<no examples>", "error", replay=config.replay(NAME),
                                   message=str(HarnessError("no sharding example ran: every draw was rejected or unsupported"))))
