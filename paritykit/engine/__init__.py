@@ -12,7 +12,9 @@ setup.py       TrainingSetup: the plan resolved, the batches checked, the initia
 training.py    the rank side: DMP from the same initial state, N steps, everything recorded
 reference.py   the oracle: the unsharded model trained with torchrec's gradient semantics
 comparison.py  per step embeddings, outputs and losses, then state and optimizer state
-tolerances.py  the stated bounds (norm-wise, per dtype; exact for gathers)
+tolerances.py  the stated bounds (norm-wise, per dtype; exact for gathers; a qcomm codec's roundoff)
+dmp_options.py how DMP and torchrec's collectives run it (sync collectives, gradient division, a
+               hyper-parameter schedule, qcomm, meta init, reshard via resharding.py): never the numbers
 probes.py, outputs.py, losses.py, inputs.py   recording embedding outputs, outputs, the default loss,
                the batches' checks
 pipeline_contract.py, pipeline_setup.py, pipeline_runs.py   the same setup through torchrec's training

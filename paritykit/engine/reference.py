@@ -92,11 +92,14 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
     model.load_state_dict(setup.full_state)
     placements = table_placements(model, setup.sharding_plan)
     embedding, dense, fused_tables = _optimizers(setup, model, placements)
+    if setup.options.gradient_division is not None:
+        division = setup.options.gradient_division
     scales = gradient_scales(model, placements, setup.world_size, division)
     modules = {name: model.get_submodule(name) for name in setup.embedding_module_names}
     probe, touched = EmbeddingProbe(modules), TouchedRows(modules)
     outputs, losses, embeddings = [], [], []
-    for step_batches in setup.batches:
+    for step, step_batches in enumerate(setup.batches):
+        setup.options.reference_step(embedding, step)
         model.zero_grad(set_to_none=True)
         oracle.begin_step(embedding)
         step_outputs, step_embeddings = [], []

@@ -33,3 +33,22 @@ def default_tolerance(dtype: torch.dtype = torch.float32, exact_first_lookups: b
 def tolerance_for(setup: object) -> Tolerance:
     """The default for a user's model: every number within the norm-wise bound."""
     return default_tolerance()
+
+
+def codec_tolerance(dtype: torch.dtype, world_size: int) -> Tolerance:
+    """The bound for a run whose embeddings travel through a quantized-communication codec of ``dtype``.
+
+    The codec rounds each value it sends once (an all-to-all), and a reduce-scatter over W ranks adds
+    W rounded partial sums in ``dtype``: at most 2W - 1 roundings of ``dtype`` between a pooled embedding
+    and the unsharded one. The backward's codec rounds the gradient once more, which moves the tables by
+    a learning rate times that. So every compared number is held to 2 (2W - 1) units of ``dtype``'s
+    roundoff, norm-wise (float16, two ranks: 6 units, 2.9e-3 of the tensor's largest element; measured
+    at most 0.7 unit on paritykit's cases). The losses, a weighted sum of every output element, can
+    cancel far below their terms: they keep the norm-wise default in ``dtype``. Nothing is exact.
+    """
+    from paritykit.compare.bounds import normwise_bound
+
+    rtol, max_relative = normwise_bound(dtype, units=2 * (2 * world_size - 1))
+    bound = Bound(rtol=rtol, max_relative=max_relative, why=f"{2 * (2 * world_size - 1)} units of the {dtype} codec's roundoff")
+    return Tolerance(embeddings=bound, first_step_embeddings=bound, outputs=bound, losses=normwise(dtype), state=bound,
+                     optimizer_state=bound)

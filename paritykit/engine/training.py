@@ -14,16 +14,15 @@ from typing import Any, Callable
 
 import torch
 
+from paritykit.engine.dmp_options import DmpOptions
 from paritykit.engine.losses import default_loss
 from paritykit.engine.outputs import forward, to_cpu, to_device
 from paritykit.engine.probes import EmbeddingProbe
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import rank_device
 from paritykit.harness.dmp import (
-    dense_parameters,
     fused_optimizer_pieces,
     load_full_state,
-    shard_model,
     state_pieces,
     submodules_by_name,
     table_parameters,
@@ -45,6 +44,9 @@ class TrainingSetup:
     # Module-level functions of the sharded model run on every rank after sharding; their results
     # come back in the record (the sharding check asks torchrec for its CW permutation this way).
     probes: tuple[Callable[[torch.nn.Module], Any], ...] = ()
+    # How DMP and torchrec's collectives run it (sync collectives, gradient division, a hyper-parameter
+    # schedule, quantized comms, meta init, copy, reshard): none may change the numbers.
+    options: DmpOptions = field(default_factory=DmpOptions)
 
     @property
     def world_size(self) -> int:
@@ -81,19 +83,26 @@ def build_model(setup: TrainingSetup) -> torch.nn.Module:
 
 def train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
     """Runs on every rank: shard, load the same full state, train every step, record."""
+    with setup.options.on_rank():
+        return _train_on_rank(setup)
+
+
+def _train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
     import torch.distributed as dist
     from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-    rank, device = dist.get_rank(), rank_device(setup.device)
-    dmp = shard_model(build_model(setup), setup.sharding_plan, device)
+    rank, device, options = dist.get_rank(), rank_device(setup.device), setup.options
+    dmp = options.sharded(lambda: build_model(setup), setup.sharding_plan, device)
     load_full_state(dmp, {k: v.to(device) for k, v in setup.full_state.items()})
-    spec, params = setup.dense_optimizer, dense_parameters(dmp)
+    dmp = options.trained(dmp, device)
+    spec, params = setup.dense_optimizer, options.dense_parameters(dmp)
     # A model whose every parameter is a fused table has nothing for a dense optimizer to train.
     dense = KeyedOptimizerWrapper(params, lambda ps: spec.torch_class()(ps, **spec.arguments())) if params else None
     probed = [probe(dmp) for probe in setup.probes]
     probe = EmbeddingProbe(submodules_by_name(dmp, setup.embedding_module_names))
     outputs, losses, embeddings = [], [], []
-    for step_batches in setup.batches:
+    for step, step_batches in enumerate(setup.batches):
+        options.before_step(dmp, step)
         batch = to_device(step_batches[rank], device)
         if dense is not None:
             dense.zero_grad()
@@ -103,6 +112,7 @@ def train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
         loss.backward()
         if dense is not None:
             dense.step()
+        options.after_step(dmp)
         outputs.append(to_cpu(output))
         losses.append(loss.detach().to("cpu").clone())
     probe.remove()

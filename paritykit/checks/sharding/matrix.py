@@ -8,6 +8,7 @@ from collections import Counter
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
 from paritykit.checks.sharding.case_runner import run_sharding_case
+from paritykit.checks.sharding.dmp_matrix import run_dmp_matrix
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
 from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
@@ -55,6 +56,11 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             # The optimizer cases are about fbgemm's rules, not placements: one host is enough.
             explicit=pinned_cases(hosts.world_size, ranks_per_host) + (optimizer_pinned_cases(hosts.world_size) if hosts.hosts == 1 else ()),
         )
+    # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py),
+    # before the known-broken cases below, whose failures may cost a pool rebuild.
+    dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
+    results += dmp_results
+    known_broken += dmp_known_broken
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).
     for rule in RULES:

@@ -337,3 +337,7 @@ def grid_blocks_in_host_order() -> ContextManager[None]:
         return combine
 
     return replaced(BaseGridEmbeddingSharding, "_init_combined_embeddings", planted)
+
+
+# The DMP and collectives plants live beside their cases; importing them registers them here.
+from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401

@@ -1,0 +1,33 @@
+"""The sharding check's DMP and collectives block: the pinned DMP cases (dmp_cases.py) and torchrec's
+pooled collectives on their own (collective_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
+smallest such world size. One rank has nothing to communicate: torchrec's collectives return early there."""
+
+from __future__ import annotations
+
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
+from paritykit.checks.sharding.collective_cases import collective_cases, run_collective_case
+from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
+from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
+from paritykit.dist import PoolProvider
+
+MIN_WORLD_SIZE = 2
+
+
+def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple[list[CaseResult], list[CaseResult]]:
+    """(results of the DMP cases, results of the known-broken DMP cases)."""
+    sizes = [w for w in config.world_sizes if w >= MIN_WORLD_SIZE]
+    results: list[CaseResult] = []
+    for world_size in sizes:
+        pool = pools.get(world_size)
+        for case in dmp_cases(world_size):
+            results.append(run_case(check, case.case_id(), config, lambda case=case, pool=pool: run_dmp_case(case, pool)))
+        for collective in collective_cases(world_size):
+            results.append(run_case(check, collective.case_id(), config,
+                                    lambda collective=collective, pool=pool: run_collective_case(collective, pool)))
+    known_broken: list[CaseResult] = []
+    if sizes:
+        pool = pools.get(min(sizes))
+        for case_id, body in known_broken_dmp_cases(min(sizes)).values():
+            known_broken.append(run_known_broken_case(check, case_id, config, pool, lambda body=body, pool=pool: body(pool)))
+    return results, known_broken

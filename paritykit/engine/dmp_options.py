@@ -1,0 +1,237 @@
+"""How a sharded run asks torchrec to run it, beyond the plan: options of DistributedModelParallel and
+of torchrec's collectives that must not change the numbers the unsharded reference computes.
+
+    DmpOptions(sync_collectives=True)                 # torchrec_use_sync_collectives: the *_sync collectives
+    DmpOptions(gradient_division=False)               # set_gradient_division(False): gradients summed, not averaged
+    DmpOptions(hyper_parameters=({"lr": 0.1}, {"lr": 0.05, "eps": 1e-3}, ...))   # one per step
+    DmpOptions(qcomm=QComm("fp16", "fp16"))           # quantized communication (bound: codec_tolerance)
+    DmpOptions(meta_model=True)                       # built on the meta device, DMP's init_parameters
+    DmpOptions(init_data_parallel=False)              # DDP wrapped later by dmp.init_data_parallel()
+    DmpOptions(copy=True)                             # train dmp.copy(device), not the DMP itself
+    DmpOptions(dense_from_bare=True)                  # the dense optimizer over dmp.bare_named_parameters()
+    DmpOptions(reshard=Reshard(before_step=2, plan=new_plan))   # DMP.reshard to another placement mid-run
+    DmpOptions(ec_index_dedup=True)                   # set_ec_index_dedup (fbgemm's CPU build cannot run it)
+
+Everything here is resolved in the caller (``check``: a HarnessError before any rank runs) and pickles to
+the ranks. The rank side (``on_rank``, ``sharded``, ``before_step``, ``after_step``) is called by
+``training.train_on_rank``; the reference side (``reference_step``) by ``reference.train_reference``.
+torchrec's process-wide switches are set for one call and restored after it: a rank pool is reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from paritykit.engine.resharding import reshard
+from paritykit.errors import HarnessError
+
+# The hyper-parameters fbgemm's update_hyper_parameters takes that the reference's optimizers share.
+HYPER_PARAMETERS = ("lr", "eps")
+CODEC_PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class QComm:
+    """torchrec's QCommsConfig by precision name, for the forward and the backward communication."""
+
+    forward: str = "fp16"
+    backward: str = "fp16"
+    # fbgemm's codecs multiply by it before encoding and divide after decoding (FP16/BF16 only).
+    backward_loss_scale: float | None = None
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """Before step ``before_step``, every sharded module moves to ``plan`` (a resolved ShardingPlan) by
+    DistributedModelParallel.reshard with the delta torchrec's own ``output_sharding_plans_delta`` computes."""
+
+    before_step: int
+    plan: Any = field(hash=False)
+
+
+@dataclass(frozen=True)
+class DmpOptions:
+    sync_collectives: bool = False
+    gradient_division: bool | None = None  # None: whatever torchrec's switch says in the caller
+    hyper_parameters: tuple[Mapping[str, float], ...] = field(default=(), hash=False)
+    qcomm: QComm | None = None
+    meta_model: bool = False
+    init_data_parallel: bool = True
+    copy: bool = False
+    dense_from_bare: bool = False
+    reshard: Reshard | None = None
+    ec_index_dedup: bool = False
+    # A plain nn.EmbeddingBag is sharded by torchrec's EmbeddingBagSharder, which is not among the
+    # default sharders and takes its optimizer from these fused params (not from the parameter).
+    embedding_bag_fused_params: tuple[tuple[str, Any], ...] | None = None
+
+    def check(self, steps: int, embedding_optimizer: str) -> None:
+        """HarnessError naming the option at fault, before any rank runs."""
+        from torchrec.distributed import comm_ops, embedding
+
+        if self.sync_collectives and not hasattr(comm_ops, "set_use_sync_collectives"):
+            raise HarnessError("sync_collectives: this torchrec has no comm_ops.set_use_sync_collectives")
+        if self.ec_index_dedup and not hasattr(embedding, "set_ec_index_dedup"):
+            raise HarnessError("ec_index_dedup: this torchrec has no torchrec.distributed.embedding.set_ec_index_dedup")
+        if self.hyper_parameters and len(self.hyper_parameters) != steps:
+            raise HarnessError(f"hyper_parameters: one entry per step ({steps}), got {len(self.hyper_parameters)}")
+        for step, entry in enumerate(self.hyper_parameters):
+            unknown = sorted(set(entry) - set(HYPER_PARAMETERS))
+            if unknown or "lr" not in entry:
+                raise HarnessError(f"hyper_parameters[{step}]: give 'lr' and at most {HYPER_PARAMETERS}; got {sorted(entry)}")
+            if "eps" in entry and embedding_optimizer == "sgd":
+                raise HarnessError(f"hyper_parameters[{step}]: sgd has no eps")
+        if self.qcomm is not None:
+            for name in (self.qcomm.forward, self.qcomm.backward):
+                if name not in CODEC_PRECISIONS:
+                    raise HarnessError(f"qcomm: precision {name!r} is not one of {sorted(CODEC_PRECISIONS)}")
+        if self.reshard is not None and not 0 < self.reshard.before_step < steps:
+            raise HarnessError(f"reshard.before_step must fall between two steps (1..{steps - 1}), got {self.reshard.before_step}")
+
+    def describe(self) -> str:
+        parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup") if getattr(self, name)]
+        parts += [] if self.gradient_division is None else [f"gradient_division={self.gradient_division}"]
+        parts += [] if self.init_data_parallel else ["init_data_parallel=False"]
+        parts += [f"hyper_parameters={[dict(e) for e in self.hyper_parameters]}"] if self.hyper_parameters else []
+        parts += [f"qcomm={self.qcomm.forward}/{self.qcomm.backward}"] if self.qcomm else []
+        parts += [f"reshard@{self.reshard.before_step}"] if self.reshard else []
+        parts += ["EmbeddingBagSharder"] if self.embedding_bag_fused_params is not None else []
+        return " ".join(parts) or "defaults"
+
+    # -- the rank side --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def on_rank(self) -> Iterator[None]:
+        """torchrec's process-wide switches for one call, restored after it (the pool is reused)."""
+        from torchrec.distributed import comm_ops, embedding
+
+        saved = comm_ops.get_use_sync_collectives(), comm_ops.get_gradient_division(), embedding.get_ec_index_dedup()
+        with contextlib.ExitStack() as stack:
+            if self.sync_collectives:
+                # torchrec's own context manager where it has one (it restores the switch itself).
+                switch = getattr(comm_ops, "torchrec_use_sync_collectives", None)
+                if switch is not None:
+                    stack.enter_context(switch())
+                else:
+                    comm_ops.set_use_sync_collectives(True)
+            yield from self._switched(saved)
+
+    def _switched(self, saved: tuple[bool, bool, bool]) -> Iterator[None]:
+        import warnings
+
+        from torchrec.distributed import comm_ops, embedding
+
+        try:
+            if self.gradient_division is not None:
+                comm_ops.set_gradient_division(self.gradient_division)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # the switch is deprecated, not gone
+                embedding.set_ec_index_dedup(self.ec_index_dedup or saved[2])
+            yield
+        finally:
+            comm_ops.set_use_sync_collectives(saved[0])
+            comm_ops.set_gradient_division(saved[1])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                embedding.set_ec_index_dedup(saved[2])
+
+    def sharded(self, build: Callable[[], nn.Module], sharding_plan: Any, device: torch.device) -> nn.Module:
+        """The model from ``build()`` (on the meta device if asked) in DistributedModelParallel with these options."""
+        import torch.distributed as dist
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+        from torchrec.distributed.types import ShardingEnv
+
+        model = _on_meta(build()) if self.meta_model else build()
+        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
+                                       plan=sharding_plan, sharders=self._sharders(device),
+                                       init_data_parallel=self.init_data_parallel, init_parameters=True)
+        if not self.init_data_parallel:
+            dmp.init_data_parallel()
+            dmp.init_data_parallel()  # documented as safe to call again
+        return dmp
+
+    def trained(self, dmp: nn.Module, device: torch.device) -> nn.Module:
+        """The module the steps train: ``dmp`` or its copy."""
+        return dmp.copy(device) if self.copy else dmp
+
+    def dense_parameters(self, dmp: nn.Module) -> dict[str, nn.Parameter]:
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+        named = dmp.bare_named_parameters() if self.dense_from_bare else dmp.named_parameters()
+        return dict(in_backward_optimizer_filter(named))
+
+    def before_step(self, dmp: nn.Module, step: int) -> None:
+        if self.reshard is not None and step == self.reshard.before_step:
+            reshard(dmp, self.reshard.plan)
+        if self.hyper_parameters:
+            _set_fused_hyper_parameters(dmp.fused_optimizer, self.hyper_parameters[step], step)
+
+    def after_step(self, dmp: nn.Module) -> None:
+        if self.hyper_parameters:
+            # What a user's loop does with a CombinedOptimizer; a fused step only sets the learning rate.
+            dmp.fused_optimizer.step()
+
+    def _sharders(self, device: torch.device) -> list[Any]:
+        from torchrec.distributed.sharding_plan import get_default_sharders
+
+        sharders = get_default_sharders()
+        if self.embedding_bag_fused_params is not None:
+            from torchrec.distributed.embeddingbag import EmbeddingBagSharder
+
+            sharders.append(EmbeddingBagSharder(fused_params=dict(self.embedding_bag_fused_params)))
+        if self.qcomm is None:
+            return sharders
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=CommType(self.qcomm.forward), backward_precision=CommType(self.qcomm.backward),
+                         backward_loss_scale=self.qcomm.backward_loss_scale),
+            device=device)
+        quantized = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry), EmbeddingCollectionSharder(qcomm_codecs_registry=registry)]
+        replaced = {sharder.module_type for sharder in quantized}
+        return quantized + [sharder for sharder in sharders if sharder.module_type not in replaced]
+
+    # -- the reference side ---------------------------------------------------------------------
+
+    def reference_step(self, embedding_optimizer: Any, step: int) -> None:
+        """The same hyper-parameters on the reference's embedding optimizer before step ``step``."""
+        if not self.hyper_parameters or embedding_optimizer is None:
+            return
+        for group in embedding_optimizer.param_groups:
+            group.update(self.hyper_parameters[step])
+
+
+def _on_meta(model: nn.Module) -> nn.Module:
+    """The model as a user builds it on the meta device: the same modules, every tensor on meta, the
+    tables still marked with their in-backward optimizer (``Module.to`` makes new parameters)."""
+    marks = {name: dict(vars(param)) for name, param in model.named_parameters()}
+    model = model.to("meta")
+    for name, param in model.named_parameters():
+        for key, value in marks[name].items():
+            setattr(param, key, value)
+    return model
+
+
+def _set_fused_hyper_parameters(fused: Any, entry: Mapping[str, float], step: int) -> None:
+    """A user's two ways: even steps through ``param_groups`` (a scheduler's way; ``zero_grad`` hands the
+    learning rate to the kernels), odd steps through ``update_hyper_parameters``. ``eps`` has only the
+    second way (zero_grad passes the learning rate alone), and so it goes that way every time."""
+    if step % 2 == 0:
+        for group in fused.param_groups:
+            group["lr"] = entry["lr"]
+        fused.zero_grad()
+        rest = {key: value for key, value in entry.items() if key != "lr"}
+        if rest:
+            fused.update_hyper_parameters(rest)
+    else:
+        fused.update_hyper_parameters(dict(entry))
+        # Keep the groups in step with the kernels, or the next step() would hand back the old rate.
+        for group in fused.param_groups:
+            group["lr"] = entry["lr"]
