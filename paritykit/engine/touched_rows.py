@@ -36,8 +36,19 @@ class TouchedRows:
         self._rows: dict[int, list[torch.Tensor]] = {}
         self._handles = []
         for fqn, module in modules.items():
+            if isinstance(module, (nn.EmbeddingBag, nn.Embedding)):
+                # torch's own modules (sharded by torchrec's EmbeddingBagSharder) read ids as a tensor.
+                self._handles.append(module.register_forward_pre_hook(self._torch_hook(module), with_kwargs=True))
+                continue
             tables = _tables_by_feature(module)
             self._handles.append(module.register_forward_pre_hook(self._hook(fqn, tables), with_kwargs=True))
+
+    def _torch_hook(self, module: nn.Module):
+        def record(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            ids = args[0] if args else kwargs["input"]
+            self._rows.setdefault(id(module.weight), []).append(ids.detach().reshape(-1).to("cpu", torch.int64))
+
+        return record
 
     def _hook(self, fqn: str, tables: dict[str, list[torch.nn.Parameter]]):
         def record(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
