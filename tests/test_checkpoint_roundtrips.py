@@ -1,0 +1,93 @@
+"""Checkpoint round trips on the ranks: every pinned case, a user's own model through the public
+assertion (another plan, another world size), each known-broken combination failing as its rule
+says, and the gate entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+
+import paritykit
+from paritykit.checks.checkpoint.known_broken import RULES, kept_out_rules
+from paritykit.checks.checkpoint.matrix import run_case
+from paritykit.checks.checkpoint.pinned import known_broken_cases, pinned_cases
+from paritykit.checks.runner import GateConfig
+from paritykit.errors import HarnessError, ParityError
+from paritykit.gate.gating import run_checks
+from ranker_models import ranker
+from test_sharded_models import ranker_batch, ranker_batches
+
+SAVED_PLAN = {"user": table_wise(rank=1), "item": column_wise(ranks=[0, 1, 0]), "ads": row_wise()}
+# MEAN tables stay off row-wise placements: torchrec's known row-wise MEAN defect is the sharding check's.
+RELOAD_PLAN = {"user": column_wise(ranks=[1, 0]), "item": table_wise(rank=0), "ads": column_wise(ranks=[1, 1])}
+
+
+@pytest.mark.parametrize("index", range(len(pinned_cases(2))))
+def test_every_pinned_round_trip_on_two_ranks_matches_the_saved_state_and_both_oracles(rank_pools, index):
+    case = pinned_cases(2)[index]
+    metrics = run_case(case, rank_pools)
+    assert metrics["restored_tensors"] >= 3 and "reloaded vs saved state" in metrics["compared"]
+    assert ("resumed run vs unsharded" in metrics["compared"]) != bool(case.recipe.warmup)
+
+
+def test_an_embedding_collection_saved_on_two_ranks_resumes_on_one_and_back(rank_pools):
+    for case in pinned_cases(2, other=1)[-2:]:
+        assert (case.world_size, case.reload_world_size) in ((2, 1), (1, 2))
+        assert run_case(case, rank_pools)["world_sizes"] == f"{case.world_size}->{case.reload_world_size}"
+
+
+def test_a_users_ranker_resumes_on_another_plan_with_adam_on_its_dense_layers(rank_pools):
+    metrics = paritykit.assert_checkpoint_roundtrip(ranker, SAVED_PLAN, ranker_batches(steps=4), save_after=2,
+                                                    reload_plan=RELOAD_PLAN, embedding_optimizer="adagrad",
+                                                    dense_optimizer="adam", pool=rank_pools.get(2))
+    assert metrics["steps"] == "2+2" and "resumed vs carried-on run" in metrics["compared"]
+
+
+def test_a_users_ranker_saved_on_two_ranks_resumes_on_one(rank_pools):
+    metrics = paritykit.assert_checkpoint_roundtrip(
+        ranker, SAVED_PLAN, ranker_batches(steps=2), save_after=2, reload_plan={"user": table_wise(rank=0), "item": column_wise(ranks=[0, 0, 0]),
+                                                                                 "ads": row_wise()},
+        reload_batches=ranker_batches(steps=2, world_size=1), embedding_optimizer="rowwise_adagrad", dense_optimizer="adam",
+        pool=rank_pools.get(2), reload_pool=rank_pools.get(1))
+    assert metrics["world_sizes"] == "2->1" and "resumed run vs unsharded" in metrics["compared"]
+
+
+def test_a_pool_of_the_wrong_size_is_a_harness_error_before_any_rank_runs(rank_pools):
+    with pytest.raises(HarnessError, match="the batches are for 2 ranks.*has 1"):
+        paritykit.assert_checkpoint_roundtrip(ranker, SAVED_PLAN, ranker_batches(steps=2), save_after=1, pool=rank_pools.get(1))
+
+
+@pytest.mark.parametrize("rule", [rule.name for rule in RULES])
+def test_each_known_broken_round_trip_fails_inside_torchrec_as_its_rule_says(rank_pools, rule):
+    case = known_broken_cases(2)[rule]
+    if rule not in {r.name for r in kept_out_rules()}:
+        # Its known-issues entry says the installed torchrec fixed it: then it must match the oracle.
+        assert run_case(case, rank_pools)["restored_tensors"] >= 1
+        return
+    says = {
+        "dcp-rank-without-a-table-and-empty-optimizer-state": "Missing key in checkpoint state_dict",
+        "dcp-dense-kernel-optimizer-state": "rank 0's dense-optimizer state of its dense-kernel shards differs",
+        "row-wise-state-other-column-blocks": "Size mismatch between saved",
+        "per-rank-load-other-shards": r"the model's state \(tables gathered from the shards, dense parameters\) differs from the saved one",
+        "warmup-over-combined-optimizer": "the learning rate of the next step differs",
+    }
+    with pytest.raises(ParityError, match=says[rule]):
+        run_case(case, rank_pools)
+
+
+def test_the_gate_entry_passes_and_marks_every_known_broken_case(rank_pools):
+    results, _ = run_checks(["checkpoint"], GateConfig(world_sizes=(1, 2), examples=4, seed=2), rank_pools)
+    failing = [r for r in results if r.status not in ("pass", "known-issue")]
+    assert not failing, failing[0].message
+    known = sorted(r.case_id.split()[1] for r in results if r.status == "known-issue")
+    assert known == sorted(rule.name for rule in kept_out_rules())
+    assert sum(r.status == "pass" for r in results) == len(pinned_cases(1)) + len(pinned_cases(2, other=1)) + 1
+
+
+def test_a_user_batch_whose_ids_exceed_a_table_is_named_before_any_rank_runs():
+    broken = ranker_batch(40)  # user_id 41 > 20 rows
+    with pytest.raises(HarnessError, match="user_id"):
+        paritykit.assert_checkpoint_roundtrip(ranker, SAVED_PLAN, [[broken, broken], [broken, broken]], save_after=1,
+                                              pool_for=lambda size: None)
+    assert torch.is_tensor(broken.values())
