@@ -18,4 +18,7 @@ probes.py, outputs.py, losses.py, inputs.py   recording embedding outputs, outpu
 pipeline_contract.py, pipeline_setup.py, pipeline_runs.py   the same setup through torchrec's training
                pipelines (and the plain loop) on every rank, recorded in the same TrainingRecord
 builtin_models.py   the built-in DLRM-style and TestSparseNN models, their plans and batches
+checkpoint.py, checkpoint_setup.py, checkpoint_reference.py, checkpoint_comparison.py,
+checkpoint_roundtrip.py   a checkpoint round trip: save and restore on the ranks as torchrec users
+               do, the resumed run's oracle, what a reload must hold, the comparisons
 """
