@@ -15,11 +15,13 @@ to other column blocks is held to its stated conversion, and the training after 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from paritykit.dist import launched_by_torchrun
 from paritykit.engine.checkpoint import PhaseRun, run_phase
 from paritykit.engine.checkpoint_comparison import (
     PhaseRecord,
@@ -41,7 +43,10 @@ from paritykit.engine.checkpoint_setup import CheckpointSetup
 from paritykit.engine.comparison import Tolerance, final_problems
 from paritykit.engine.reference import train_reference
 from paritykit.engine.training import TrainingRecord
+from paritykit.harness.seeding import stable_seed
 from paritykit.harness.sharded import gradient_division
+
+CHECKPOINT_DIR_VARIABLE = "PARITYKIT_CHECKPOINT_DIR"
 
 
 @dataclass
@@ -64,9 +69,20 @@ def references(setup: CheckpointSetup, division: bool) -> References:
     return References(saved, carried, resumed)
 
 
+def checkpoint_directory(setup: CheckpointSetup, header: str) -> str:
+    """Where the round trip's checkpoint goes: under ``$PARITYKIT_CHECKPOINT_DIR`` (a directory every
+    rank reads; a launch over several hosts needs a shared one) or the temporary directory. Under
+    torchrun every rank runs this caller code, so the name is one they all derive alike."""
+    base = os.environ.get(CHECKPOINT_DIR_VARIABLE) or tempfile.gettempdir()
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "launch") if launched_by_torchrun() else str(os.getpid())
+    return os.path.join(base, f"paritykit-checkpoint-{stable_seed(run, header, setup.describe()):08x}")
+
+
 def run_phases(setup: CheckpointSetup, pool_for: Callable[[int], Any], header: str) -> tuple[PhaseRecord, PhaseRecord]:
     """The run that saves (and carries on), then the resumed run, sharing one checkpoint directory."""
-    directory = tempfile.mkdtemp(prefix="paritykit-checkpoint-")
+    directory = checkpoint_directory(setup, header)
+    shutil.rmtree(directory, ignore_errors=True)  # what a crashed earlier run may have left
+    os.makedirs(directory, exist_ok=True)
     try:
         saving = PhaseRun(setup.before, directory, setup.recipe, save_after=setup.save_after)
         first = pool_for(setup.before.world_size).call(run_phase, (saving,), case=f"{header}: the run that saves")

@@ -85,6 +85,14 @@ def _dense_kernel_stateful_dcp(case: CheckpointCase) -> bool:
     return case.recipe.method == "dcp" and dense_kernel and case.dense_optimizer not in STATELESS
 
 
+def _dense_kernel_table_missing_on_a_rank(case: CheckpointCase) -> bool:
+    if case.dense_optimizer in STATELESS:
+        return False
+    dense = [t for t, e in case.plan.items() if e[0] != "data_parallel" and case.kernel_of(t) == "dense"]
+    return any(len(holders(plan[t], size)) < size for t in dense
+               for plan, size in ((case.plan, case.world_size), (case.reload_plan, case.reload_world_size)))
+
+
 def _all_fused(case: CheckpointCase) -> CheckpointCase:
     return dataclasses.replace(case, kernels={t: "fused" for t in case.plan})
 
@@ -120,6 +128,7 @@ RULES = (
     BrokenCombination("dcp-rank-without-a-table-and-empty-optimizer-state", _rank_missing_table_with_empty_state,
                       _stateful_optimizers),
     BrokenCombination("dcp-dense-kernel-optimizer-state", _dense_kernel_stateful_dcp, _all_fused),
+    BrokenCombination("dense-kernel-table-missing-on-a-rank", _dense_kernel_table_missing_on_a_rank, _all_fused),
     BrokenCombination("row-wise-state-other-column-blocks", _row_wise_blocks_change, _keep_blocks),
     BrokenCombination("per-rank-load-other-shards", _per_rank_other_shards,
                       lambda case: dataclasses.replace(case, reload_plan=dict(case.plan))),

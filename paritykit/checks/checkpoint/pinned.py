@@ -99,6 +99,10 @@ def known_broken_cases(world_size: int) -> dict[str, CheckpointCase]:
             "ebc", two, {"t0": ("row_wise",), "t1": ("row_wise",)}, {"t0": ("row_wise",), "t1": ("row_wise",)},
             world_size, world_size, steps(world_size, 2, keys=("f0", "f1")), save_after=1, kernels={"t0": "dense"},
             optimizer="adagrad", dense_optimizer="adagrad", seed=42),
+        "dense-kernel-table-missing-on-a-rank": CheckpointCase(
+            "ebc", two, {"t0": ("table_wise", last), "t1": ("row_wise",)}, {"t0": ("table_wise", last), "t1": ("row_wise",)},
+            world_size, world_size, steps(world_size, 2, keys=("f0", "f1")), save_after=1, kernels={"t0": "dense"},
+            optimizer="adagrad", dense_optimizer="adam", recipe=CheckpointRecipe("per_rank"), seed=46),
         "row-wise-state-other-column-blocks": CheckpointCase(
             "ebc", wide, cw, {**cw, "t0": ("row_wise",)}, world_size, world_size, steps(world_size, 3), save_after=2,
             optimizer="rowwise_adagrad", dense_optimizer="adam", seed=43),
