@@ -9,18 +9,18 @@ import functools
 import pytest
 import torch
 
-from paritykit.checks.checkpoint.cases import CheckpointCase, roundtrip_arguments
+from paritykit.checks.checkpoint.cases import CheckpointCase, case_setup
 from paritykit.checks.checkpoint.draws import checkpoint_cases
 from paritykit.checks.checkpoint.known_broken import RULES, broken_rules, holders, kept_out_rules
-from paritykit.checks.checkpoint.matrix import ScaledExamples, placements_by_module, run_case, scaled
-from paritykit.checks.checkpoint.pinned import known_broken_cases, pinned_cases, steps
+from paritykit.checks.checkpoint.matrix import ScaledExamples, placements_by_module, scaled
+from paritykit.checks.checkpoint.pinned import known_broken_cases, steps
 from paritykit.checks.runner import GateConfig, run_property
 from paritykit.compare import find_differences
 from paritykit.engine.checkpoint import CheckpointRecipe
 from paritykit.engine.checkpoint_reference import column_blocks, expected_after_reload, reblocked, resumed_reference
 from paritykit.engine.checkpoint_setup import build_checkpoint_setup
 from paritykit.engine.reference import train_reference
-from paritykit.errors import HarnessError, ParityError
+from paritykit.errors import HarnessError
 from paritykit.harness.tables import TableSpec, build_ebc
 
 TABLES = (TableSpec("t0", 8, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",)))
@@ -140,9 +140,7 @@ def test_the_draws_avoid_every_kept_out_rule_and_agree_with_torchrecs_column_blo
     kinds = {entry[0] for case in seen for plan in (case.plan, case.reload_plan) for entry in plan.values()}
     assert kinds >= {"table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel"}
     for case in seen[:40]:
-        args, kwargs = roundtrip_arguments(case)
-        recipe = CheckpointRecipe(kwargs.pop("method"), kwargs.pop("combined_optimizer"), kwargs.pop("warmup"))
-        setup = build_checkpoint_setup(*args, **kwargs, recipe=recipe)
+        setup = case_setup(case)
         for which, side in (("plan", setup.before), ("reload_plan", setup.after)):
             counts = case.block_counts(which)
             assert {fqn.split(".")[-2]: len(b) for fqn, b in column_blocks(side).items()} == counts

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from paritykit.checks.checkpoint.cases import roundtrip_arguments
+from paritykit.checks.checkpoint.cases import case_setup
 from paritykit.checks.checkpoint.matrix import run_case
 from paritykit.checks.checkpoint.pinned import pinned_cases
 from paritykit.compare import find_differences
-from paritykit.engine.checkpoint import CheckpointRecipe
 from paritykit.engine.checkpoint_roundtrip import run_phases
-from paritykit.engine.checkpoint_setup import build_checkpoint_setup
 from paritykit.errors import ParityError
 from paritykit.harness import plants
 
@@ -24,9 +22,7 @@ PLANT_CASES = {
 
 
 def resumed(case, pools):
-    args, kwargs = roundtrip_arguments(case)
-    recipe = CheckpointRecipe(kwargs.pop("method"), kwargs.pop("combined_optimizer"), kwargs.pop("warmup"))
-    return run_phases(build_checkpoint_setup(*args, **kwargs, recipe=recipe), pools.get, "plant")[1]
+    return run_phases(case_setup(case), pools.get, "plant")[1]
 
 
 def moved(clean, planted) -> list:

@@ -51,11 +51,13 @@ WARMUP_POLICIES = ("linear", "constant", "poly", "step", "inv_sqrt")
 @dataclass(frozen=True)
 class CheckpointRecipe:
     """How the run checkpoints. ``warmup``: torchrec WarmupStage values as (policy, max_iters, value)
-    around the dense optimizer (or the combined one); empty: no warm-up."""
+    around the dense optimizer (or the combined one); empty: no warm-up. ``param_groups``: the
+    optimizers save their param groups too (torchrec's ``save_param_groups(True)``)."""
 
     method: str = "dcp"
     combined: bool = False
     warmup: tuple[tuple[str, int, float], ...] = ()
+    param_groups: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -66,6 +68,7 @@ class CheckpointRecipe:
 
     def describe(self) -> str:
         parts = [self.method] + (["combined"] if self.combined else []) + ([f"warmup{list(self.warmup)}"] if self.warmup else [])
+        parts += ["param_groups"] if self.param_groups else []
         return "+".join(parts)
 
 
@@ -94,6 +97,8 @@ class Optimizers:
         self.combined = CombinedOptimizer([self.fused, self.dense]) if recipe.combined and self.fused and self.dense else None
         stepped = self.combined or self.dense
         self.outer = _with_warmup(stepped, recipe.warmup, spec.lr) if stepped is not None and recipe.warmup else stepped
+        for optimizer in self.saved().values() if recipe.param_groups else ():
+            optimizer.save_param_groups(True)
 
     def saved(self) -> dict[str, Any]:
         """Checkpoint entry -> the optimizer whose state_dict it holds."""

@@ -46,6 +46,7 @@ def assert_checkpoint_roundtrip(
     method: str = "dcp",
     combined_optimizer: bool = False,
     warmup: tuple[tuple[str, int, float], ...] = (),
+    save_param_groups: bool = False,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     pool: Any = None,
     reload_pool: Any = None,
@@ -66,12 +67,15 @@ def assert_checkpoint_roundtrip(
     optimizers instead of two. ``warmup``: torchrec WarmupOptimizer stages as (policy, max_iters, value)
     around the dense (or combined) optimizer; the unsharded model is then no oracle (constant learning
     rates), so the reload is held to the saved state and the resumed run to the run that carried on.
+    ``save_param_groups``: the optimizers save their param groups (hyper-parameters) too, torchrec's
+    ``save_param_groups(True)``.
     ``pool`` runs the saving world size, ``reload_pool`` the other one (started and closed here when not
     given); ``pool_for(world_size)`` replaces both. Optimizers, ``lr``, ``loss_fn`` and ``tolerance``
     as in ``assert_sharded_matches_unsharded``.
     """
     device = resolve_device(getattr(pool, "device", None) or getattr(reload_pool, "device", None) or "cpu")
-    recipe = CheckpointRecipe(method=method, combined=combined_optimizer, warmup=tuple(tuple(stage) for stage in warmup))
+    recipe = CheckpointRecipe(method=method, combined=combined_optimizer, warmup=tuple(tuple(stage) for stage in warmup),
+                              param_groups=save_param_groups)
     setup = build_checkpoint_setup(model_fn, plan, batches, save_after=save_after, reload_plan=reload_plan,
                                    reload_batches=reload_batches, recipe=recipe, loss_fn=loss_fn,
                                    embedding_optimizer=embedding_optimizer, dense_optimizer=dense_optimizer, lr=lr,

@@ -103,5 +103,15 @@ def roundtrip_arguments(case: CheckpointCase) -> tuple[tuple, dict[str, Any]]:
     kwargs = dict(save_after=case.save_after, reload_plan=torchrec_plan(case, "reload_plan"),
                   reload_batches=None if case.reload_steps is None else batches_of(case.reload_steps),
                   method=case.recipe.method, combined_optimizer=case.recipe.combined, warmup=case.recipe.warmup,
+                  save_param_groups=case.recipe.param_groups,
                   embedding_optimizer=case.optimizer, dense_optimizer=case.dense_optimizer, seed=case.seed)
     return (model_fn(case), torchrec_plan(case), batches_of(case.steps)), kwargs
+
+
+def case_setup(case: CheckpointCase):
+    """The case resolved into the engine's CheckpointSetup, as the assertion resolves it."""
+    from paritykit.engine.checkpoint_setup import build_checkpoint_setup
+
+    (model, plan, batches), kwargs = roundtrip_arguments(case)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("method", "combined_optimizer", "warmup", "save_param_groups")}
+    return build_checkpoint_setup(model, plan, batches, recipe=case.recipe, **kwargs)

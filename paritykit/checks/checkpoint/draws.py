@@ -6,7 +6,8 @@ repeated, TWRW, GRID, DP; EC: TW, RW, CW), fused or dense kernels (EBC), fused S
 row-wise Adagrad and a dense optimizer (SGD, Adagrad, Adam); saved after 1-2 steps on one of the
 world sizes asked for, reloaded into another placement of every table (each keeps its kind: fused,
 dense kernel, data-parallel) on any of those world sizes, then 1-2 more steps; checkpointed through
-torch.distributed.checkpoint or per rank, with one CombinedOptimizer or two.
+torch.distributed.checkpoint or per rank, with one CombinedOptimizer or two, with the optimizers'
+param groups saved or not.
 
 Combinations known to fail (known_broken.py) are repaired out of the draws; the sharding check's own
 known failures (MEAN beside row-wise tables, uneven batches on row-wise tables, row shards without
@@ -138,7 +139,8 @@ def checkpoint_cases(draw: Any, world_sizes: tuple[int, ...], device_kinds: dict
         reload_steps=None if same_size else _steps(draw, keys, bounds, sizes[1], after),
         kernels={t: k for t, k in kernels.items() if t not in replicated}, optimizer=optimizer,
         dense_optimizer=draw(st.sampled_from(DENSE_OPTIMIZERS)),
-        recipe=CheckpointRecipe(method=method, combined=draw(st.booleans())), seed=draw(st.integers(0, 2**16)),
+        recipe=CheckpointRecipe(method=method, combined=draw(st.booleans()), param_groups=draw(st.booleans())),
+        seed=draw(st.integers(0, 2**16)),
     )
     return repair(case)
 

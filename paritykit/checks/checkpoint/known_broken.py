@@ -46,7 +46,10 @@ def _fused_tables(case: CheckpointCase) -> list[str]:
 
 
 def _empty_state_on(case: CheckpointCase, rank: int) -> bool:
-    """Whether an optimizer state dict this rank hands to dcp.load holds an empty dict (module rule 1)."""
+    """Whether an optimizer state dict this rank hands to dcp.load holds an empty dict, or a list (saved
+    param groups): what DCP's pre-2.4 flattening keys differently (rule 1)."""
+    if case.recipe.param_groups:
+        return True
     held = [t for t in _fused_tables(case) if rank in holders(case.reload_plan[t], case.reload_world_size)]
     dense_params = any(case.kernel_of(t) == "dense" for t in case.reload_plan)
     fused_stateless, dense_stateless = case.optimizer in STATELESS, case.dense_optimizer in STATELESS

@@ -2,7 +2,8 @@
 
 Pinned (``pinned_cases``), for the world size W the gate gives and, where a second world size is
 asked for, a reload onto it:
-- CW on ranks [0, W-1, 0] reloaded as row-wise, TW reloaded as CW, a DP table under Adam (DCP);
+- CW on ranks [0, W-1, 0] reloaded as row-wise, TW reloaded as CW, a DP table under Adam (DCP, the
+  optimizers' param groups saved too);
 - row-wise Adagrad across a column-wise reshard that keeps the column blocks but moves them between
   ranks ([0, W-1, 0] -> [W-1, 0, 0], TWCW -> CW, GRID -> TWRW): each block's accumulators must follow
   their columns;
@@ -53,7 +54,7 @@ def pinned_cases(world_size: int, other: int | None = None) -> tuple[CheckpointC
         CheckpointCase("ebc", wide, {"t0": ("column_wise", (0, last, 0)), "t1": ("table_wise", last), "t2": ("data_parallel",)},
                        {"t0": ("row_wise",), "t1": ("column_wise", (last, 0, last)), "t2": ("data_parallel",)},
                        world_size, world_size, steps(world_size, 4), save_after=2, optimizer="adagrad", dense_optimizer="adam",
-                       seed=31),
+                       recipe=CheckpointRecipe(param_groups=True), seed=31),
         CheckpointCase("ebc", wide, {"t0": ("column_wise", (0, last, 0)), "t1": ("table_column_wise", (0, last, 0)),
                                      "t2": ("grid_shard", (0,))},
                        {"t0": ("column_wise", (last, 0, 0)), "t1": ("column_wise", (last, last, 0)), "t2": ("table_row_wise", 0)},
@@ -80,8 +81,8 @@ def pinned_cases(world_size: int, other: int | None = None) -> tuple[CheckpointC
 def _ec_elsewhere(saved_on: int, reload_on: int, seed: int) -> CheckpointCase:
     """An EC saved on ``saved_on`` ranks and resumed on ``reload_on``: row-wise Adagrad keeps its blocks."""
     tables = _tables(12, _rows(saved_on, reload_on))
-    placed = lambda size: {"t0": ("column_wise", (0, size - 1, 0)), "t1": ("table_wise", size - 1), "t2": ("row_wise",)}  # noqa: E731
-    moved = lambda size: {"t0": ("column_wise", (size - 1, 0, size - 1)), "t1": ("row_wise",), "t2": ("table_wise", 0)}  # noqa: E731
+    placed = lambda size: {"t0": ("column_wise", (0, size - 1, 0)), "t1": ("table_wise", size - 1), "t2": ("row_wise",)}
+    moved = lambda size: {"t0": ("column_wise", (size - 1, 0, size - 1)), "t1": ("row_wise",), "t2": ("table_wise", 0)}
     return CheckpointCase("ec", tables, placed(saved_on), moved(reload_on), saved_on, reload_on, steps(saved_on, 2),
                           save_after=2, reload_steps=steps(reload_on, 2, offset=1), optimizer="rowwise_adagrad", seed=seed)
 
