@@ -45,4 +45,4 @@ def test_the_plant_moves_torchrecs_numbers_and_the_check_catches_it(rank_pools, 
         assert moved(clean, resumed(case, rank_pools)), f"{plant} leaves the resumed numbers unchanged"
         with pytest.raises(ParityError, match=named):
             run_case(case, rank_pools)
-    assert "reloaded vs saved state" in run_case(case, rank_pools)["compared"]
+    # The clean case passes: the gate-entry test (test_checkpoint_roundtrips.py) runs every pinned one.

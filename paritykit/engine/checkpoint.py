@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -94,7 +94,8 @@ class Optimizers:
         self.fused = getattr(dmp, "fused_optimizer", None)
         # A model whose every parameter is a fused table has nothing for a dense optimizer to train.
         self.dense = KeyedOptimizerWrapper(params, lambda ps: spec.torch_class()(ps, **spec.arguments())) if params else None
-        self.combined = CombinedOptimizer([self.fused, self.dense]) if recipe.combined and self.fused and self.dense else None
+        both = self.fused is not None and self.dense is not None
+        self.combined = CombinedOptimizer([self.fused, self.dense]) if recipe.combined and both else None
         stepped = self.combined or self.dense
         self.outer = _with_warmup(stepped, recipe.warmup, spec.lr) if stepped is not None and recipe.warmup else stepped
         for optimizer in self.saved().values() if recipe.param_groups else ():
@@ -241,7 +242,7 @@ def run_phase(run: PhaseRun) -> dict[str, Any]:
     optimizers = Optimizers(dmp, setup, run.recipe)
     record: dict[str, Any] = {"outputs": [], "losses": [], "embeddings": []}
     if run.restore:
-        restore(dmp, optimizers, run.directory, run.recipe.method)
+        on_every_rank("loading the checkpoint", lambda: restore(dmp, optimizers, run.directory, run.recipe.method))
         record["restored"] = snapshot(dmp, optimizers)
     probe = EmbeddingProbe(submodules_by_name(dmp, setup.embedding_module_names))
     for index, step_batches in enumerate(setup.batches):
@@ -265,4 +266,27 @@ def run_phase(run: PhaseRun) -> dict[str, Any]:
 
 def _save_here(dmp: torch.nn.Module, optimizers: Optimizers, run: PhaseRun, record: dict[str, Any]) -> None:
     record["saved"] = snapshot(dmp, optimizers)
-    save(dmp, optimizers, run.directory, run.recipe.method)
+    on_every_rank("saving the checkpoint", lambda: save(dmp, optimizers, run.directory, run.recipe.method))
+
+
+def on_every_rank(doing: str, action: Callable[[], None]) -> None:
+    """``action`` on this rank, then every rank learns whether any failed and raises if one did: a
+    load that fails on one rank only (torchrec's own load_state_dict raising there) must not leave the
+    others waiting in the next step's collectives (the pool would have to rebuild its ranks)."""
+    import torch.distributed as dist
+
+    error: BaseException | None = None
+    try:
+        action()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, on every rank
+        error = exc
+    failures: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, None if error is None else f"{type(error).__name__}: {_first_lines(str(error))}")
+    if error is not None:
+        raise error
+    failed = [(rank, text) for rank, text in enumerate(failures) if text]
+    if failed:
+        rank, text = failed[0]
+        raise ParityError(f"{doing} failed on rank {rank}: {text}")

@@ -123,6 +123,20 @@ def _per_rank_other_shards(case: CheckpointCase) -> bool:
     return case.recipe.method == "per_rank" and case.plan != case.reload_plan
 
 
+def _every_rank_holds_every_fused_table(case: CheckpointCase, plan: dict[str, tuple], size: int) -> bool:
+    fused = [t for t, e in plan.items() if e[0] != "data_parallel" and case.kernel_of(t) == "fused"]
+    return all(len(holders(plan[t], size)) == size for t in fused)
+
+
+def _dcp_param_groups_per_rank(case: CheckpointCase) -> bool:
+    """Saved param groups are a rank's own list (its fused tables, grouped as its kernels are) under one
+    key: only a reload into the same plan, where every rank holds every fused table, meets the copy DCP kept."""
+    if case.recipe.method != "dcp" or not case.recipe.param_groups:
+        return False
+    same = case.plan == case.reload_plan and case.world_size == case.reload_world_size
+    return not (same and _every_rank_holds_every_fused_table(case, case.plan, case.world_size))
+
+
 def _combined_warmup(case: CheckpointCase) -> bool:
     return bool(case.recipe.warmup) and case.recipe.combined
 
@@ -135,6 +149,8 @@ RULES = (
     BrokenCombination("row-wise-state-other-column-blocks", _row_wise_blocks_change, _keep_blocks),
     BrokenCombination("per-rank-load-other-shards", _per_rank_other_shards,
                       lambda case: dataclasses.replace(case, reload_plan=dict(case.plan))),
+    BrokenCombination("dcp-param-groups-per-rank", _dcp_param_groups_per_rank,
+                      lambda case: dataclasses.replace(case, recipe=dataclasses.replace(case.recipe, param_groups=False))),
     BrokenCombination("warmup-over-combined-optimizer", _combined_warmup,
                       lambda case: dataclasses.replace(case, recipe=dataclasses.replace(case.recipe, combined=False))),
 )

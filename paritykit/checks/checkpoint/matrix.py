@@ -20,8 +20,9 @@ from paritykit.errors import HarnessError
 from paritykit.harness.plans import implemented_placements
 
 NAME = "checkpoint"
-# A round trip costs two rank calls and three reference runs, about four sharding cases: the gate's
-# --examples (50 by default) buys a quarter as many drawn round trips.
+# A round trip costs two rank calls (DMP built twice, a checkpoint written and read) and three short
+# reference runs: its median time was about seven sharding cases' in one gate run. The gate's
+# --examples (50 by default) buys a quarter as many drawn round trips (docs/checkpoint.md, Cost).
 EXAMPLES_PER_GATE_EXAMPLE = 0.25
 
 

@@ -2,14 +2,13 @@
 
 Pinned (``pinned_cases``), for the world size W the gate gives and, where a second world size is
 asked for, a reload onto it:
-- CW on ranks [0, W-1, 0] reloaded as row-wise, TW reloaded as CW, a DP table under Adam (DCP, the
-  optimizers' param groups saved too);
+- CW on ranks [0, W-1, 0] reloaded as row-wise, TW reloaded as CW, a DP table under Adam (DCP);
 - row-wise Adagrad across a column-wise reshard that keeps the column blocks but moves them between
   ranks ([0, W-1, 0] -> [W-1, 0, 0], TWCW -> CW, GRID -> TWRW): each block's accumulators must follow
   their columns;
 - per-rank torch.save on the same plan (the path where the optimizers' own load_state_dict copies
   the state): row-wise Adagrad with CW shards on [0, W-1, 0], a dense-kernel table under Adagrad,
-  one CombinedOptimizer;
+  one CombinedOptimizer, its param groups saved too;
 - a warm-up schedule on the dense optimizer (its iteration and learning rate must survive);
 - fused SGD through DCP on a plan where every rank holds every table;
 - an EC saved on W ranks and reloaded on another world size (both ways).
@@ -54,7 +53,7 @@ def pinned_cases(world_size: int, other: int | None = None) -> tuple[CheckpointC
         CheckpointCase("ebc", wide, {"t0": ("column_wise", (0, last, 0)), "t1": ("table_wise", last), "t2": ("data_parallel",)},
                        {"t0": ("row_wise",), "t1": ("column_wise", (last, 0, last)), "t2": ("data_parallel",)},
                        world_size, world_size, steps(world_size, 4), save_after=2, optimizer="adagrad", dense_optimizer="adam",
-                       recipe=CheckpointRecipe(param_groups=True), seed=31),
+                       seed=31),
         CheckpointCase("ebc", wide, {"t0": ("column_wise", (0, last, 0)), "t1": ("table_column_wise", (0, last, 0)),
                                      "t2": ("grid_shard", (0,))},
                        {"t0": ("column_wise", (last, 0, 0)), "t1": ("column_wise", (last, last, 0)), "t2": ("table_row_wise", 0)},
@@ -62,7 +61,8 @@ def pinned_cases(world_size: int, other: int | None = None) -> tuple[CheckpointC
         CheckpointCase("ebc", wide, {"t0": ("column_wise", (0, last, 0)), "t1": ("row_wise",), "t2": ("data_parallel",)},
                        {"t0": ("column_wise", (0, last, 0)), "t1": ("row_wise",), "t2": ("data_parallel",)},
                        world_size, world_size, steps(world_size, 3), save_after=2, kernels={"t1": "dense"},
-                       optimizer="rowwise_adagrad", dense_optimizer="adagrad", recipe=CheckpointRecipe("per_rank", combined=True),
+                       optimizer="rowwise_adagrad", dense_optimizer="adagrad",
+                       recipe=CheckpointRecipe("per_rank", combined=True, param_groups=True),
                        seed=33),
         CheckpointCase("ebc", wide, {"t0": ("row_wise",), "t1": ("table_wise", last), "t2": ("data_parallel",)},
                        {"t0": ("row_wise",), "t1": ("table_wise", last), "t2": ("data_parallel",)},
@@ -110,6 +110,10 @@ def known_broken_cases(world_size: int) -> dict[str, CheckpointCase]:
         "per-rank-load-other-shards": CheckpointCase(
             "ebc", wide, cw, {**cw, "t0": ("column_wise", (last, 0, 0))}, world_size, world_size, steps(world_size, 3),
             save_after=2, optimizer="adagrad", dense_optimizer="adam", recipe=CheckpointRecipe("per_rank"), seed=44),
+        "dcp-param-groups-per-rank": CheckpointCase(
+            "ebc", two, tw, {"t0": ("row_wise",), "t1": ("row_wise",)}, world_size, world_size,
+            steps(world_size, 2, keys=("f0", "f1")), save_after=1, optimizer="adagrad",
+            recipe=CheckpointRecipe(param_groups=True), seed=47),
         "warmup-over-combined-optimizer": CheckpointCase(
             "ebc", wide, cw, cw, world_size, world_size, steps(world_size, 3), save_after=2, optimizer="adagrad",
             dense_optimizer="adam", recipe=CheckpointRecipe(combined=True, warmup=WARMUP), seed=45),
