@@ -23,6 +23,7 @@ _EXPORTS = {
     "cw_permute_indices": "paritykit.checks.sharding.stitching",
     "assert_sharded_matches_unsharded": "paritykit.checks.sharding.assertion",
     "assert_pipeline_parity": "paritykit.checks.pipeline.assertion",
+    "assert_checkpoint_roundtrip": "paritykit.checks.checkpoint.assertion",
     "OptimizerSpec": "paritykit.harness.optimizers",
     "Tolerance": "paritykit.engine.comparison",
     "Bound": "paritykit.engine.comparison",

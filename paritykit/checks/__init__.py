@@ -41,6 +41,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "td-kjt": "paritykit.checks.td_kjt",
     "sharding": "paritykit.checks.sharding",
     "pipeline": "paritykit.checks.pipeline",
+    "checkpoint": "paritykit.checks.checkpoint",
     "sync": "paritykit.checks.sync",
     "sparse-ops": "paritykit.checks.sparse_ops",
     "optim": "paritykit.checks.optim",

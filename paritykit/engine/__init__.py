@@ -23,4 +23,7 @@ builtin_models.py   the built-in DLRM-style and TestSparseNN models, their plans
 optim_wrapping.py, optim_training.py, optim_reference.py, optim_schedule.py, optim_model.py
                torchrec's optimizer wrappers as users stack them on the ranks, and their oracle
                (torch's optimizers and clipping, a hand-computed schedule) for the optim check
+checkpoint.py, checkpoint_setup.py, checkpoint_reference.py, checkpoint_comparison.py,
+checkpoint_roundtrip.py   a checkpoint round trip: save and restore on the ranks as torchrec users
+               do, the resumed run's oracle, what a reload must hold, the comparisons
 """
