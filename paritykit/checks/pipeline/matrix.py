@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from paritykit.checks.pipeline.assertion import ALL_PIPELINES, builtin_case
 from paritykit.engine.builtin_models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
 from paritykit.checks.pipeline.parity import run_parity_case
+from paritykit.checks.pipeline.surface import run_surface
 from paritykit.engine.pipeline_runs import FUSED_PIPELINES, INPUT_TYPES, RunSpec
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
@@ -125,6 +126,7 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results = []
     for world_size in world_sizes:
         results += _fixed_cases(world_size, pools, config)
+    results += run_surface(pools, config)
 
     def body(case: MatrixCase) -> dict[str, Any]:
         spec = replace(case.spec, device=config.device)
