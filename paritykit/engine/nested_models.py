@@ -2,7 +2,8 @@
 post-processing module: torchrec's input tracing (``tracing.py``) and ``PipelinedPostproc``.
 
 ``NestedBatch`` keeps its KeyedJaggedTensors in a dict and a list. ``NestedRanker`` reads them as
-``batch.sparse["user"]`` (getattr, getitem by key), ``batch.scored[0]`` (getitem by index) and
+``batch.sparse["user"]`` (getattr, getitem by key), ``batch.scored[1]`` (getitem by index; entry 0
+is a decoy with the same key that only a wrong index reads) and
 ``batch.sparse.get("item")`` (a ``get`` call), and the item features pass through ``IdFold``, a
 module without parameters called with a scalar, a list and a dict constant, before their
 EmbeddingBagCollection. A pipeline built with ``pipeline_postproc=True`` runs that module in its
@@ -34,7 +35,7 @@ FOLD_OFFSET = 5
 class NestedBatch(Pipelineable):
     float_features: torch.Tensor
     sparse: dict[str, Any]  # {"user": KJT, "item": KJT}
-    scored: list[Any]  # [weighted KJT]
+    scored: list[Any]  # [decoy weighted KJT, weighted KJT]
     label: torch.Tensor
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "NestedBatch":
@@ -85,7 +86,7 @@ class NestedRanker(nn.Module):
         user = self.user_ebc(batch.sparse["user"]).to_dict()
         folded = self.fold(batch.sparse.get("item"), FOLD_OFFSET, [self.keys[1]], {"rows": self.rows})
         item = self.item_ebc(folded).to_dict()
-        scored = self.scored_ebc(batch.scored[0]).to_dict()
+        scored = self.scored_ebc(batch.scored[1]).to_dict()
         pooled = [self.dense(batch.float_features), user[self.keys[0]], item[self.keys[1]], scored[self.keys[2]]]
         logit = self.over(torch.cat(pooled, dim=1)).squeeze(-1)
         return nn.functional.binary_cross_entropy_with_logits(logit, batch.label), torch.sigmoid(logit)
@@ -118,7 +119,7 @@ def nested_batches(spec: ModelSpec, data: DataSpec, world_size: int) -> list[lis
                 float_features=torch.randn(data.batch_size, spec.num_float_features, generator=source),
                 sparse={"user": random_kjt([user], spec, data, source, weighted=False),
                         "item": random_kjt([item], spec, data, source, weighted=False)},
-                scored=[random_kjt([scored], spec, data, source, weighted=True)],
+                scored=[random_kjt([scored], spec, data, source, weighted=True) for _ in range(2)],
                 label=torch.randint(0, 2, (data.batch_size,), generator=source).float(),
             ))
         steps.append(per_rank)

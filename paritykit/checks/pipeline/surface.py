@@ -54,7 +54,7 @@ def variant_pipelines() -> tuple[str, ...]:
     return tuple(name for name in names if name != "sparse_dist:postproc")
 
 
-def _dlrm_setup(config: GateConfig, world_size: int) -> Any:
+def dlrm_surface_setup(config: GateConfig, world_size: int) -> Any:
     spec = ModelSpec(num_tables=3, sharding_types=SURFACE_SHARDING_TYPES, fused_optimizer="rowwise_adagrad", seed=config.seed)
     return builtin_setup(spec, batches_of(spec, DataSpec(num_batches=SURFACE_BATCHES, seed=config.seed), world_size), config.device)
 
@@ -72,7 +72,7 @@ def _parity(setup: Any, pipelines: tuple[str, ...], label: str, pool: Any, repor
 
 def surface_bodies(config: GateConfig, world_size: int) -> dict[str, Callable[[Any, Path | None], dict[str, Any]]]:
     """case name -> body(pool, report_dir)."""
-    dlrm = functools.cache(lambda: _dlrm_setup(config, world_size))
+    dlrm = functools.cache(lambda: dlrm_surface_setup(config, world_size))
     return {
         "dlrm/pipeline-variants": lambda pool, out: _parity(dlrm(), variant_pipelines(), "dlrm (pipeline variants)", pool, out),
         "nested/postproc-and-tracing": lambda pool, out: _parity(
@@ -89,7 +89,7 @@ def known_broken_bodies(config: GateConfig, world_size: int) -> dict[str, Callab
     """Comparisons torchrec is known to fail on 2+ ranks (paritykit/checks/known_issues.toml)."""
     if world_size < 2:
         return {}
-    dlrm = functools.cache(lambda: _dlrm_setup(config, world_size))
+    dlrm = functools.cache(lambda: dlrm_surface_setup(config, world_size))
     return {
         # The last window ends inside an epoch and the wrapper learns of it from StopIteration.
         "known-broken gradient-accumulation-flush-without-sync": lambda pool: gradient_accumulation(
