@@ -106,7 +106,12 @@ def run_surface(pools: PoolProvider, config: GateConfig) -> list[CaseResult]:
         out = None if config.report_dir is None else Path(config.report_dir) / f"pipeline_ws{world_size}_{name.replace('/', '_')}"
         results.append(run_case(NAME, f"ws{world_size}/{name}", config,
                                 lambda body=body, out=out: body(pools.get(world_size), out)))
-    for name, body in known_broken_bodies(config, world_size).items():
-        results.append(run_known_broken_case(NAME, f"ws{world_size}/{name}", config, pools.get(world_size),
+    known_broken = known_broken_bodies(config, world_size)
+    try:
+        pool = pools.get(world_size) if known_broken else None
+    except Exception:  # noqa: BLE001 - each case reports the pool's failure as its harness error
+        pool = None
+    for name, body in known_broken.items():
+        results.append(run_known_broken_case(NAME, f"ws{world_size}/{name}", config, pool,
                                              lambda body=body: body(pools.get(world_size))))
     return results
