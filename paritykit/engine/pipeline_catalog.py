@@ -81,6 +81,7 @@ VARIANTS: dict[str, Variant] = {
     "sparse_dist:free_inputs_early": Variant(
         "TrainPipelineSparseDist", (("free_features_storage_early", True), ("clear_data_dist_inputs", True))),
     "sparse_dist:postproc": Variant("TrainPipelineSparseDist", (("pipeline_postproc", True),)),
+    "sparse_dist:jit": Variant("TrainPipelineSparseDist", (("apply_jit", True),)),
     "sparse_dist:stop_with_data": Variant("TrainPipelineSparseDist", (("execute_all_batches", False),), STOPS_WITH_DATA),
     "lite": Variant("TrainPipelineSparseDistLite"),
     "lite:inplace_copy": Variant("TrainPipelineSparseDistLite", _inplace(clear_data_dist_inputs=True)),

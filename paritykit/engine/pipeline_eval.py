@@ -84,7 +84,7 @@ class EvalDrive:
         try:
             return self._progress(pipeline, data, len(batches))
         finally:
-            _stop_loader(pipeline)
+            pipeline.reset()  # EvalPipelineSparseDist's stops its DataLoadingThread
 
     def _progress(self, pipeline: Any, data: Iterator[Any], count: int) -> list[Any]:
         outputs: list[Any] = []
@@ -113,13 +113,6 @@ def _skipping_retriable(data: Iterator[Any]) -> Iterator[Any]:
         except FlakyBatchError as exc:
             if not exc.is_retryable:
                 return
-
-
-def _stop_loader(pipeline: Any) -> None:
-    # EvalPipelineSparseDist keeps a DataLoadingThread until reset(); stop it with the run.
-    loader = getattr(pipeline, "_batch_loader", None)
-    if loader is not None:
-        loader.stop()
 
 
 def evaluated_steps(count: int, drive: EvalDrive) -> list[int]:

@@ -1,9 +1,10 @@
 """Work injected into the backward pass: ``TrainPipelineSparseDist.register_backward_hook`` and the
 pipeline that runs the optimizer from such a hook (``TrainPipelineSparseDistBwdOpt``).
 
-``HookedDrive`` registers three pieces of work on a pipeline, one per way torchrec finds where to
-hook (``backward_injection``): on a dense module's parameter gradient (PARAM_GRAD), on the first
-tensor needing a gradient in a dense module's output (ACTIVATION, ``FirstGradTensorFinder``), and,
+``HookedDrive`` registers pieces of work on a pipeline, one per way torchrec finds where to hook
+(``backward_injection``): on a dense module's parameter gradient (PARAM_GRAD), on the first tensor
+needing a gradient in a dense module's output and in another's inputs (ACTIVATION,
+``FirstGradTensorFinder``), and,
 where the batch crosses ranks, on an embedding module's output-dist tensor (ACTIVATION,
 ``OutputDistTensorFinder``). Each work records its name; the model's forward and the optimizer's
 step record theirs. The promise, checked on the rank: in every step each work runs exactly once,
@@ -70,7 +71,8 @@ class HookedDrive:
         if not dense:
             raise HarnessError("the model has no dense module to hook a backward work on")
         sites = {f"param-grad {dense[-1]}": InjectionSite(dense[-1], FirstGradTensorFinder(), InjectionTargetType.PARAM_GRAD),
-                 f"activation {dense[0]}": InjectionSite(dense[0], FirstGradTensorFinder(), InjectionTargetType.ACTIVATION)}
+                 f"activation {dense[0]}": InjectionSite(dense[0], FirstGradTensorFinder(), InjectionTargetType.ACTIVATION),
+                 f"input {dense[-1]}": InjectionSite(dense[-1], FirstGradTensorFinder(use_input=True), InjectionTargetType.ACTIVATION)}
         found = output_dist_site(model, self.embedding_modules)
         if found is not None:
             sites[f"output-dist {found[0]}"] = InjectionSite(found[0], OutputDistTensorFinder(found[1]), InjectionTargetType.ACTIVATION)

@@ -66,6 +66,9 @@ class StagedDrive:
         streams = torch.get_device_module(device)
         sdd = SparseDataDistUtil(model, data_dist_stream=streams.Stream(),
                                  embedding_lookup_stream=streams.Stream() if self.lookup_ahead else None)
+        # torchrec's own debugging checks that each context advances with its batch. Not with the
+        # lookup stage: _embedding_lookup_context asserts the lookup's results before it runs.
+        sdd._WITH_CONTEXT_ASSERTIONS = not self.lookup_ahead
         stages = [
             PipelineStage("data_copy", functools.partial(_to_device, device=device), streams.Stream()),
             PipelineStage("scale_dense", scale_dense_features, streams.Stream()),
