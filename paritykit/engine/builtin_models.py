@@ -241,9 +241,9 @@ def make_batches(model: ModelSpec, data: DataSpec, rank: int, device: torch.devi
         batches.append(
             ModelInput(
                 float_features=torch.randn(data.batch_size, model.num_float_features, generator=batch_generator),
-                idlist_features=_random_kjt(model.table_names(), model, data, batch_generator, weighted=False),
+                idlist_features=random_kjt(model.table_names(), model, data, batch_generator, weighted=False),
                 idscore_features=(
-                    _random_kjt(model.weighted_table_names(), model, data, batch_generator, weighted=True)
+                    random_kjt(model.weighted_table_names(), model, data, batch_generator, weighted=True)
                     if model.num_weighted_tables
                     else None
                 ),
@@ -253,7 +253,7 @@ def make_batches(model: ModelSpec, data: DataSpec, rank: int, device: torch.devi
     return batches
 
 
-def _random_kjt(tables: list[str], model: ModelSpec, data: DataSpec, source: torch.Generator, weighted: bool) -> Any:
+def random_kjt(tables: list[str], model: ModelSpec, data: DataSpec, source: torch.Generator, weighted: bool) -> Any:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     lengths = torch.randint(0, data.max_ids_per_feature + 1, (len(tables) * data.batch_size,), generator=source)

@@ -1,7 +1,10 @@
 """One TrainingSetup through one of torchrec's training pipelines on every rank, recorded.
 
 The runners are torchrec's own classes (TrainPipelineBase, TrainPipelineSparseDist,
-TrainPipelineFusedSparseDist, TrainPipelineSemiSync). The plain loop they are compared with is the
+TrainPipelineFusedSparseDist, TrainPipelineSemiSync, and the variants of ``pipeline_catalog``).
+``record_on_rank`` shards the setup's model, lets a *driver* (a picklable callable: this module's
+``PipelineDrive``, or the eval, staged, accumulation and lifecycle drivers of the other
+``pipeline_*`` modules) train or evaluate it, and records what ran. The plain loop they are compared with is the
 sharding engine's own (``paritykit.engine.training.train_on_rank``: zero_grad, forward,
 the model's loss backward, step), and a pipeline run is recorded in the engine's ``TrainingRecord``
 so that both compare field by field: per step and rank what ``progress()`` returned (the
@@ -19,6 +22,7 @@ from typing import Any
 
 import torch
 
+from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, VARIANTS, build_variant, promise_of
 from paritykit.engine.pipeline_contract import model_loss
 from paritykit.engine.builtin_models import DataSpec, ModelSpec
 from paritykit.engine.pipeline_setup import sharded_for_training
@@ -62,6 +66,13 @@ PIPELINES: dict[str, tuple[str | None, dict[str, Any]]] = {
 FUSED_PIPELINES = tuple(name for name, (cls, _) in PIPELINES.items() if cls == "TrainPipelineFusedSparseDist")
 # Pipelines that promise the plain loop's numbers exactly.
 EXACT_PIPELINES = ("base", "sparse_dist") + FUSED_PIPELINES
+
+
+def pipeline_promise(name: str) -> str:
+    """What the pipeline called ``name`` promises against a plain loop (pipeline_catalog's kinds)."""
+    if name in VARIANTS:
+        return promise_of(name)
+    return EXACT if name in EXACT_PIPELINES else SEMI_SYNC
 INPUT_TYPES = ("kjt", "td")
 
 # A pipeline that keeps returning steps past the data it was given is broken; stop it here.
@@ -85,8 +96,8 @@ class RunSpec:
     input_type: str = "kjt"
 
     def __post_init__(self) -> None:
-        if self.pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {self.pipeline!r}; known: {', '.join(PIPELINES)}")
+        if self.pipeline not in PIPELINES and self.pipeline not in VARIANTS:
+            raise ValueError(f"unknown pipeline {self.pipeline!r}; known: {', '.join([*PIPELINES, *VARIANTS])}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"RunSpec.device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.overlap_optimizer and self.pipeline not in FUSED_PIPELINES:
@@ -116,14 +127,30 @@ class PipelineJob:
 
 def train_through_pipeline(job: PipelineJob) -> dict[str, Any]:
     """Shard, train every batch through ``job.pipeline`` on this rank, record as train_on_rank does."""
+    return record_on_rank(job.setup, PipelineDrive(job), job.pipeline)
+
+
+@dataclass(frozen=True)
+class PipelineDrive:
+    """A driver: ``progress()`` until the pipeline raises StopIteration; its outputs."""
+
+    job: PipelineJob
+
+    def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+        return _progress_until_exhausted(self.job, model, optimizer, batches, device)
+
+
+def record_on_rank(setup: TrainingSetup, drive: Any, label: str) -> dict[str, Any]:
+    """On a rank: shard ``setup``'s model, ``drive(model, optimizer, batches, device)``, and record per
+    forward the loss and the embedding modules' outputs, the driver's outputs, and the final state."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise HarnessError("train_through_pipeline needs an initialised process group (run it through a RankPool)")
-    rank, device = dist.get_rank(), rank_device(job.setup.device)
-    model, optimizer = sharded_for_training(job.setup, device)
-    batches = [step[rank] for step in job.setup.batches]
-    probe = EmbeddingProbe(submodules_by_name(model, job.setup.embedding_module_names))
+        raise HarnessError("pipeline runs need an initialised process group (run them through a RankPool)")
+    rank, device = dist.get_rank(), rank_device(setup.device)
+    model, optimizer = sharded_for_training(setup, device)
+    batches = [step[rank] for step in setup.batches]
+    probe = EmbeddingProbe(submodules_by_name(model, setup.embedding_module_names))
     losses: list[torch.Tensor] = []
     embeddings: list[dict[str, Any]] = []
 
@@ -133,13 +160,13 @@ def train_through_pipeline(job: PipelineJob) -> dict[str, Any]:
 
     hook = model.register_forward_hook(record_forward)
     try:
-        with stream_shim():
-            outputs = _progress_until_exhausted(job, model, optimizer, batches, device)
+        with stream_shim(), torchrec_class_state_kept():
+            outputs = drive(model, optimizer, batches, device)
     finally:
         hook.remove()
         probe.remove()
     if len(losses) != len(outputs):
-        raise ParityError(f"{job.pipeline}: the model ran {len(losses)} forwards for {len(outputs)} steps")
+        raise ParityError(f"{label}: the model ran {len(losses)} forwards for {len(outputs)} steps")
     return {
         "outputs": [to_cpu(output) for output in outputs],
         "losses": losses,
@@ -152,10 +179,25 @@ def train_through_pipeline(job: PipelineJob) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def torchrec_class_state_kept() -> Any:
+    """torchrec pipelines built with ``clear_data_dist_inputs`` set a class attribute of
+    ``PipelinedForward`` for good; restore it so that a run cannot change the next one on this rank."""
+    from torchrec.distributed.train_pipeline.runtime_forwards import PipelinedForward
+
+    kept = PipelinedForward.__dict__.get("_use_main_stream_for_dist_init", False)
+    try:
+        yield
+    finally:
+        PipelinedForward._use_main_stream_for_dist_init = kept
+
+
 def make_torchrec_pipeline(name: str, model: Any, optimizer: Any, device: torch.device, semi_sync_start_batch: int = 0) -> Any:
     """torchrec's own pipeline object for the pipeline called ``name`` (never the plain loop)."""
     from torchrec.distributed.train_pipeline import train_pipelines
 
+    if name in VARIANTS:
+        return build_variant(name, model, optimizer, device, semi_sync_start_batch)
     class_name, kwargs = PIPELINES[name]
     if class_name is None:
         raise ValueError("the plain loop is not a torchrec pipeline")
@@ -199,16 +241,21 @@ def _progress_until_exhausted(job: PipelineJob, model: Any, optimizer: Any, batc
 
 def run_plain(pool: Any, setup: TrainingSetup, label: str = "plain") -> TrainingRecord:
     """The sharding engine's plain loop over the DMP model, on every rank of ``pool``."""
-    return _assembled(pool.call(train_on_rank, (setup,), case=f"pipeline {label}"), label)
+    return assembled_run(pool.call(train_on_rank, (setup,), case=f"pipeline {label}"), label)
 
 
 def run_pipeline(pool: Any, job: PipelineJob, label: str | None = None) -> TrainingRecord:
     """``job`` on every rank of ``pool``, assembled into one TrainingRecord."""
     label = label or job.pipeline
-    return _assembled(pool.call(train_through_pipeline, (job,), case=f"pipeline {label}"), label)
+    return assembled_run(pool.call(train_through_pipeline, (job,), case=f"pipeline {label}"), label)
 
 
-def _assembled(per_rank: list[dict[str, Any]], label: str) -> TrainingRecord:
+def run_driven(pool: Any, setup: TrainingSetup, drive: Any, label: str) -> TrainingRecord:
+    """``drive`` (a picklable driver, see ``record_on_rank``) on every rank of ``pool``, assembled."""
+    return assembled_run(pool.call(record_on_rank, (setup, drive, label), case=f"pipeline {label}"), label)
+
+
+def assembled_run(per_rank: list[dict[str, Any]], label: str) -> TrainingRecord:
     steps = [len(record["outputs"]) for record in per_rank]
     if len(set(steps)) != 1:
         raise ParityError(f"{label}: ranks ran different numbers of steps: {steps}")

@@ -27,7 +27,8 @@ from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, REFER
 from paritykit.engine.pipeline_contract import check_forward_contract, check_pipelineable, model_loss
 from paritykit.engine.builtin_models import batches_of, builtin_setup
 from paritykit.checks.pipeline.parity import PipelineCase, run_parity_case, with_td_batches
-from paritykit.engine.pipeline_runs import FUSED_PIPELINES, PIPELINES, RunSpec
+from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, STOPS_WITH_DATA, VARIANTS, available
+from paritykit.engine.pipeline_runs import PIPELINES, RunSpec
 from paritykit.engine.setup import DEFAULT_LR, build_setup
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.devices import resolve_device
@@ -35,6 +36,11 @@ from paritykit.harness.dmp import table_parameters
 from paritykit.harness.optimizers import OptimizerSpec
 
 ALL_PIPELINES = tuple(name for name in PIPELINES if name != REFERENCE)
+
+
+def training_variants() -> tuple[str, ...]:
+    """The catalog's training pipelines this torchrec has (pipeline_catalog), also accepted by name."""
+    return available(EXACT) + available(SEMI_SYNC) + available(STOPS_WITH_DATA)
 
 
 def feature_processed_modules(model: torch.nn.Module) -> list[str]:
@@ -56,8 +62,9 @@ def unsafe_configuration(has_feature_processor: Any, pipeline: str) -> str:
     """
     if isinstance(has_feature_processor, RunSpec):
         has_feature_processor = has_feature_processor.model.feature_processor
-    lookup_stream = PIPELINES[pipeline][1].get("emb_lookup_stream")
-    if has_feature_processor and pipeline in FUSED_PIPELINES and lookup_stream != "current":
+    class_name, options = PIPELINES[pipeline] if pipeline in PIPELINES else (VARIANTS[pipeline].class_name, dict(VARIANTS[pipeline].options))
+    lookup_stream = options.get("emb_lookup_stream", "data_dist")
+    if has_feature_processor and class_name == "TrainPipelineFusedSparseDist" and lookup_stream != "current":
         return (
             f"unsafe configuration: {pipeline} (TrainPipelineFusedSparseDist, emb_lookup_stream={lookup_stream!r}) "
             "with a feature processor: the next batch's lookup overlaps the optimizer step that updates the "
@@ -72,9 +79,10 @@ def checked_pipelines(pipelines: Iterable[str], has_feature_processor: bool, all
     if isinstance(pipelines, str):
         pipelines = (pipelines,)
     names = tuple(dict.fromkeys(pipelines))
-    unknown = [n for n in names if n not in ALL_PIPELINES]
+    known = ALL_PIPELINES + training_variants()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise HarnessError(f"unknown pipeline(s) {unknown}; choose from {', '.join(ALL_PIPELINES)}")
+        raise HarnessError(f"unknown pipeline(s) {unknown}; choose from {', '.join(known)}")
     unsafe = [n for n in names if unsafe_configuration(has_feature_processor, n)]
     if unsafe and not allow_unsafe:
         raise ParityError(unsafe_configuration(has_feature_processor, unsafe[0]))

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from paritykit.checks.pipeline.assertion import ALL_PIPELINES, builtin_case
 from paritykit.engine.builtin_models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
 from paritykit.checks.pipeline.parity import run_parity_case
+from paritykit.checks.pipeline.surface import run_surface
+from paritykit.engine.pipeline_catalog import EXACT, VARIANTS, available
 from paritykit.engine.pipeline_runs import FUSED_PIPELINES, INPUT_TYPES, RunSpec
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
@@ -47,10 +49,21 @@ def feature_processor_control(pool: Any, spec: RunSpec, pipeline: str = "fused:d
 
 @dataclass(frozen=True)
 class MatrixCase:
-    """One drawn example: the world size to run on and the run (its pipeline is the fused variant)."""
+    """One drawn example: the world size to run on, the run (its pipeline is the fused variant) and
+    the non-fused exact pipeline next to it."""
 
     world_size: int
     spec: RunSpec
+    companion: str = "sparse_dist"
+
+
+def companion_pipelines() -> tuple[str, ...]:
+    """sparse_dist and the catalog's exact non-fused variants, drawn next to a fused one. Left out:
+    those built with clear_data_dist_inputs, which on CPU frees an all-to-all's input still in
+    flight where an EBC holds table-wise and column-wise tables (docs/pipeline.md)."""
+    return ("sparse_dist",) + tuple(
+        name for name in available(EXACT)
+        if not name.startswith("fused:") and "clear_data_dist_inputs" not in dict(VARIANTS[name].options))
 
 
 @st.composite
@@ -58,7 +71,7 @@ def pipeline_cases(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Ma
     """A RunSpec over the matrix: world size, sharding types, optimizers, batch sizes, step counts
     (including fewer batches than the pipeline depth of 3), models, KJT or TD batches for the
     pipelines, SemiSync's start batch. The pipeline field is the fused variant to compare next to
-    sparse_dist and semi_sync."""
+    semi_sync and a companion (sparse_dist or one of the catalog's exact variants)."""
     model = ModelSpec(
         kind=draw(st.sampled_from(("dlrm", "test-sparse-nn"))),
         sharding_types=tuple(draw(st.lists(st.sampled_from(SHARDING_TYPES), min_size=1, max_size=3))),
@@ -72,7 +85,7 @@ def pipeline_cases(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Ma
         model=model, data=data, pipeline=draw(st.sampled_from(FUSED_PIPELINES)), input_type=draw(st.sampled_from(INPUT_TYPES)),
         semi_sync_start_batch=draw(st.integers(0, MAX_DRAWN_START_BATCH)),
     )
-    return MatrixCase(world_size, spec)
+    return MatrixCase(world_size, spec, draw(st.sampled_from(companion_pipelines())))
 
 
 def case_id(case: MatrixCase) -> str:
@@ -80,7 +93,8 @@ def case_id(case: MatrixCase) -> str:
     m, d = spec.model, spec.data
     return (
         f"ws{case.world_size}/{m.kind}/{'+'.join(m.sharding_types)}/{m.fused_optimizer}+{m.dense_optimizer}"
-        f"/b{d.batch_size}x{d.num_batches}/seed{m.seed},{d.seed}/{spec.pipeline}/{spec.input_type}/start{spec.semi_sync_start_batch}"
+        f"/b{d.batch_size}x{d.num_batches}/seed{m.seed},{d.seed}/{spec.pipeline}+{case.companion}/{spec.input_type}"
+        f"/start{spec.semi_sync_start_batch}"
     )
 
 
@@ -125,10 +139,11 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results = []
     for world_size in world_sizes:
         results += _fixed_cases(world_size, pools, config)
+    results += run_surface(pools, config)
 
     def body(case: MatrixCase) -> dict[str, Any]:
         spec = replace(case.spec, device=config.device)
-        pipelines = (spec.pipeline, "sparse_dist", "semi_sync")
+        pipelines = (spec.pipeline, case.companion, "semi_sync")
         return run_parity_case(builtin_case(spec, case.world_size, pipelines), pools.get(case.world_size)).metrics()
 
     results += run_property(NAME, pipeline_cases(world_sizes), body, config, case_id=case_id)

@@ -29,7 +29,8 @@ from paritykit.checks.pipeline.comparison import (
     predictions,
 )
 from paritykit.checks.pipeline.report_files import write_report
-from paritykit.engine.pipeline_runs import EXACT_PIPELINES, PipelineJob, run_pipeline, run_plain
+from paritykit.engine.pipeline_catalog import EXACT, IN_FLIGHT_AT_STOP, STOPS_WITH_DATA
+from paritykit.engine.pipeline_runs import PipelineJob, pipeline_promise, run_pipeline, run_plain
 from paritykit.checks.pipeline.td_input import check_td_batches, to_td_batches
 from paritykit.checks.pipeline.verdicts import anchor_unsound, assert_anchor, assert_identical, assert_semi_sync
 from paritykit.engine.reference import train_reference
@@ -38,6 +39,8 @@ from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.sharded import gradient_division
 
 EXACT_PROMISE = "the pipeline promises the plain loop's numbers exactly"
+STOP_PROMISE = (f"with execute_all_batches=False the pipeline stops when the data runs out: the plain loop over all "
+                f"but the last {IN_FLIGHT_AT_STOP} batches, exactly")
 TD_PROMISE = "the same data as TensorDicts must give the same numbers as KJTs"
 
 
@@ -104,9 +107,10 @@ def ours(function: Any, *args: Any) -> Any:
 
 def _hold_to_promise(verdicts: _Verdicts, pipeline: str, run: TrainingRecord, reference: TrainingRecord, names: tuple[str, str]) -> None:
     case = verdicts.case
-    if pipeline in EXACT_PIPELINES or names[0] != REFERENCE:
-        promise = EXACT_PROMISE if names[0] == REFERENCE else TD_PROMISE
-        verdicts.judge(assert_identical, reference, run, names, promise)
+    promise = pipeline_promise(pipeline)
+    if promise in (EXACT, STOPS_WITH_DATA) or names[0] != REFERENCE:
+        said = {EXACT: EXACT_PROMISE, STOPS_WITH_DATA: STOP_PROMISE}[promise] if names[0] == REFERENCE else TD_PROMISE
+        verdicts.judge(assert_identical, reference, run, names, said)
     else:
         verdicts.judge(assert_semi_sync, reference, run, names, case.semi_sync_bounds, case.semi_sync_start_batch, verdicts.labels)
 
@@ -125,8 +129,19 @@ def _run_input(verdicts: _Verdicts, pool: Any, input_type: str, plain: TrainingR
         run = run_pipeline(pool, PipelineJob(setup, pipeline, case.semi_sync_start_batch, case.overlap_optimizer), name)
         against = pipeline if (input_type == "td" and both) else REFERENCE
         reference = verdicts.result.runs[against] if against != REFERENCE else plain
+        if against == REFERENCE and pipeline_promise(pipeline) == STOPS_WITH_DATA:
+            against, reference = _stopped_plain(verdicts, pool, setup, suffix)
         verdicts.record(name, run, reference, against)
         _hold_to_promise(verdicts, pipeline, run, reference, (against, name))
+
+
+def _stopped_plain(verdicts: _Verdicts, pool: Any, setup: TrainingSetup, suffix: str) -> tuple[str, TrainingRecord]:
+    """The plain loop over all batches but the last IN_FLIGHT_AT_STOP (run once per case and input)."""
+    name = f"plain[stopped]{suffix}"
+    if name not in verdicts.result.runs:
+        kept = replace(setup, batches=setup.batches[: max(len(setup.batches) - IN_FLIGHT_AT_STOP, 0)])
+        verdicts.result.runs[name] = predictions(run_plain(pool, kept, name))
+    return name, verdicts.result.runs[name]
 
 
 def run_parity_case(case: PipelineCase, pool: Any, report_dir: Path | str | None = None) -> PipelineParityResult:

@@ -225,3 +225,7 @@ def td_input_dist_ignores_feature_order() -> Iterator[None]:
 
     with replaced(ShardedEmbeddingBagCollection, "input_dist", planted):
         yield
+
+
+# The surface cases' plants live in their own module; importing it registers them.
+from paritykit.checks.pipeline import plants_surface  # noqa: E402,F401

@@ -22,6 +22,7 @@ from paritykit.checks.pipeline.comparison import PairComparison, SemiSyncBounds,
 from paritykit.engine.comparison import Tolerance, compare_records, final_problems, per_step_problems
 from paritykit.engine.tolerances import tolerance_for
 from paritykit.engine.training import TrainingRecord, TrainingSetup
+from paritykit.compare import format_differences
 from paritykit.errors import ParityError
 
 # Every compared number bit for bit.
@@ -107,3 +108,25 @@ def assert_anchor(setup: TrainingSetup, plain: TrainingRecord, reference: Traini
     tolerance = tolerance_for(setup)
     metrics = compare_records(plain, reference, tolerance, f"unsharded anchor, {header}: the plain loop over the DMP model")
     return {**metrics, "tolerance": tolerance.outputs.describe()}
+
+
+def assert_within(reference: TrainingRecord, candidate: TrainingRecord, names: tuple[str, str], tolerance: Tolerance,
+                  promise: str) -> dict[str, Any]:
+    """Step count, per-step embeddings, predictions and losses, and final state within ``tolerance``."""
+    steps = _steps_problem(reference, candidate, names)
+    if steps:
+        raise ParityError(steps)
+    per_step = per_step_problems(candidate, reference, tolerance)
+    if per_step:
+        _raise(per_step, names, f"per-step values differ beyond {tolerance.outputs.describe()}; {promise}")
+    final = final_problems(candidate, reference, tolerance)
+    if final:
+        _raise(final, names, f"final state differs; {promise}")
+    return {"steps": len(reference.outputs), "tolerance": tolerance.outputs.describe()}
+
+
+def assert_untouched(record: TrainingRecord, initial: dict[str, Any], name: str) -> None:
+    """Evaluation trains nothing: the state after it equals the initial state bit for bit."""
+    found = EXACT_TOLERANCE.state.differences(record.state, initial, "state")
+    if found:
+        raise ParityError(format_differences(found[:4], exact=True, msg=f"{name}: evaluation changed the model's state"))

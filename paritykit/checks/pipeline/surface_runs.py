@@ -1,0 +1,144 @@
+"""The bodies of the pipeline check's surface cases: each runs torchrec's code and its oracle on the
+ranks, compares, and returns what it compared (``surface.py`` names and schedules them).
+
+- ``eval_pipelines``: every eval pipeline against the plain eval loop over the same sharded model
+  (exactly) and its state untouched; that loop against the unsharded model's eval forward (the
+  sharding engine's tolerance); a dataloader failing retriably (batch skipped) or not (error raised).
+- ``gradient_accumulation``: the wrapper around pipelines against the plain accumulating loop.
+- ``staged``: StagedTrainPipeline with SparseDataDistUtil stages against the plain loop (exact; the
+  semi-synchronous lookup-ahead variant exact at batch 0, then within the SemiSync bounds).
+- ``lifecycle``: detach / a step outside / attach / reset / a new iterator, and the hybrid pipeline
+  switching between training and evaluation, against the plain loop over the same sequence.
+- ``backward_hooks``: work injected into backward runs once per step in order; numbers unchanged.
+- the known-broken runs: the same comparisons where torchrec is known to break them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from paritykit.checks.pipeline.comparison import predictions
+from paritykit.checks.pipeline.verdicts import assert_identical, assert_semi_sync, assert_untouched, assert_within
+from paritykit.engine.pipeline_accumulation import PLAIN, AccumulationDrive
+from paritykit.engine.pipeline_catalog import EVAL, available
+from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, eval_reference, evaluated_steps, without_optimizer_state
+from paritykit.engine.pipeline_hooks import BackwardOptimizerDrive, HookedDrive
+from paritykit.engine.pipeline_lifecycle import HybridDrive, LifecycleDrive, lifecycle_order
+from paritykit.engine.pipeline_runs import run_driven, run_plain
+from paritykit.engine.pipeline_staged import StagedDrive
+from paritykit.engine.tolerances import default_tolerance, tolerance_for
+from paritykit.engine.training import TrainingSetup
+from paritykit.errors import HarnessError
+
+EXACT_EVAL = "an eval pipeline promises the model's eval forward of every batch, exactly as the plain eval loop"
+ANCHOR = "the plain loop over the sharded model must match the unsharded model"
+# Gradient accumulation: windows of two micro-batches; two epochs, the first ending inside a window.
+ACCUMULATION_STEPS = 2
+ACCUMULATION_EPOCHS = (3, 2)
+# The eval dataloader fails at this batch: retriably (skipped) or not (raised).
+FAILING_BATCH = 1
+# Lifecycle: A is the first LIFECYCLE_FIRST batches, detached after LIFECYCLE_DETACH_AFTER steps.
+LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER = 3, 2
+HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
+# Pipelines driven through gradient accumulation, the lifecycle and the backward hooks.
+ACCUMULATED_PIPELINES = ("sparse_dist", "base")
+LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "base")
+
+
+def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """The eval pipelines against the plain eval loop, that loop against the unsharded model."""
+    count = len(setup.batches)
+    plain = run_driven(pool, setup, EvalDrive(PLAIN_EVAL), "plain:eval")
+    assert_untouched(plain, setup.full_state, "plain:eval")
+    reference = eval_reference(setup, list(range(count)))
+    metrics = {"anchor": assert_within(reference, without_optimizer_state(plain), ("unsharded:eval", "plain:eval"),
+                                       tolerance_for(setup), ANCHOR)}
+    runs = [(name, EvalDrive(name)) for name in available(EVAL)]
+    if "eval:sparse_dist" in available(EVAL):
+        runs += [("eval:sparse_dist[retriable failure]", EvalDrive("eval:sparse_dist", FAILING_BATCH, True)),
+                 ("eval:sparse_dist[failure]", EvalDrive("eval:sparse_dist", FAILING_BATCH + 1, False))]
+    for name, drive in runs:
+        expected = plain if drive.fail_at is None else run_driven(pool, setup, replace(drive, pipeline=PLAIN_EVAL), f"plain:eval[{name}]")
+        if drive.fail_at is not None and len(expected.outputs) != len(evaluated_steps(count, drive)):
+            raise HarnessError(f"paritykit's plain eval loop read {len(expected.outputs)} batches of the flaky dataloader, "
+                               f"expected {len(evaluated_steps(count, drive))}")
+        record = run_driven(pool, setup, drive, name)
+        assert_untouched(record, setup.full_state, name)
+        assert_identical(_prefix(expected, len(record.outputs), drive), record, ("plain:eval", name), EXACT_EVAL)
+        metrics[name] = {"steps": len(record.outputs)}
+    return metrics
+
+
+def _prefix(expected: Any, steps: int, drive: EvalDrive) -> Any:
+    """A failure that is not retriable ends evaluation early: the pipeline owes the steps before it."""
+    if drive.fail_at is None or drive.retryable:
+        return expected
+    return replace(expected, outputs=expected.outputs[:steps], losses=expected.losses[:steps], embeddings=expected.embeddings[:steps])
+
+
+def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str, ...] = ACCUMULATED_PIPELINES,
+                          epochs: tuple[int, ...] = ACCUMULATION_EPOCHS, mark_last: bool = True) -> dict[str, Any]:
+    """GradientAccumulationWrapper around each pipeline against the plain accumulating loop."""
+    setup = replace(setup, batches=setup.batches[: sum(epochs)])
+    plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS, epochs), "plain[accumulating]")
+    metrics = {}
+    # DDP all-reduces a window's gradients once instead of once per micro-batch: the same sum in
+    # another order, so the sharding engine's norm-wise bound applies.
+    tolerance = default_tolerance()
+    for pipeline in pipelines:
+        name = f"{pipeline}[accumulating]"
+        record = run_driven(pool, setup, AccumulationDrive(pipeline, ACCUMULATION_STEPS, epochs, mark_last), name)
+        metrics[name] = assert_within(plain, record, ("plain[accumulating]", name), tolerance,
+                                      f"gradient accumulation over {ACCUMULATION_STEPS} steps must sum the window's gradients "
+                                      "into one dense step")
+    return metrics
+
+
+def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any) -> dict[str, Any]:
+    plain = run_driven(pool, setup, StagedDrive(plain=True), "plain[staged]")
+    metrics = {}
+    for name, drive in (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
+                        ("staged:lookup_ahead", StagedDrive(lookup_ahead=True))):
+        record = run_driven(pool, setup, drive, name)
+        if drive.lookup_ahead:
+            # The lookup of batch i+1 runs before batch i's backward: semi-synchronous from batch 1 on.
+            metrics[name] = assert_semi_sync(plain, record, ("plain[staged]", name), semi_sync_bounds, 0).metrics()
+        else:
+            assert_identical(plain, record, ("plain[staged]", name), "the stages run ahead of the same training steps")
+            metrics[name] = {"steps": len(record.outputs)}
+    return metrics
+
+
+def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
+    order = lifecycle_order(len(setup.batches), LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER)
+    plain = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]), "plain[lifecycle]"))
+    metrics = {}
+    for pipeline in LIFECYCLE_PIPELINES:
+        name = f"{pipeline}[lifecycle]"
+        record = run_driven(pool, setup, LifecycleDrive(pipeline, LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER), name)
+        assert_identical(plain, record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
+        metrics[name] = {"steps": len(record.outputs)}
+    hybrid_setup = replace(setup, batches=setup.batches[: sum(count for _, count in HYBRID_PHASES)])
+    hybrid_plain = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES, PLAIN), "plain[train-eval-train]")
+    record = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES), "hybrid[train-eval-train]")
+    assert_identical(hybrid_plain, record, ("plain[train-eval-train]", "hybrid[train-eval-train]"),
+                     "the hybrid pipeline trains the training phases and only evaluates the eval phase")
+    metrics["hybrid[train-eval-train]"] = {"steps": len(record.outputs)}
+    return metrics
+
+
+def backward_hooks(pool: Any, setup: TrainingSetup, pipeline: str = "sparse_dist") -> dict[str, Any]:
+    plain = predictions(run_plain(pool, setup))
+    name = f"{pipeline}[backward hooks]"
+    record = run_driven(pool, setup, HookedDrive(pipeline, tuple(setup.embedding_module_names)), name)
+    assert_identical(plain, record, ("plain", name), "backward work must not change what the pipeline computes")
+    return {name: {"steps": len(record.outputs)}}
+
+
+def backward_optimizer(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """TrainPipelineSparseDistBwdOpt against the plain loop (known to break on 2+ ranks)."""
+    plain = predictions(run_plain(pool, setup))
+    record = run_driven(pool, setup, BackwardOptimizerDrive(tuple(setup.embedding_module_names)), "bwd_opt")
+    assert_identical(plain, record, ("plain", "bwd_opt"), "stepping the optimizer from backward must not change the step")
+    return {"bwd_opt": {"steps": len(record.outputs)}}

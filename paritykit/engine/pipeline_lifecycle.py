@@ -1,0 +1,112 @@
+"""A pipeline's life beyond one pass over the data: detach, a step outside it, attach, reset, a new
+iterator; and the hybrid pipeline switching between training and evaluation.
+
+``LifecycleDrive`` splits a rank's batches into A (the first ``first``), one side batch and B (the
+rest), and runs: A through the pipeline, but after ``detach_after`` steps ``detach()`` it, train one
+plain step on the side batch with the model it returned, and ``attach()`` it again (the batches in
+flight stay queued); once A is used up, ``detach()`` and ``attach()`` again (attaching after the end)
+and ``reset()``; then B through the same pipeline. Every step trains, so the plain loop it must equal
+is the plain loop over ``lifecycle_order``: A[:detach_after], side, A[detach_after:], B. A pipeline
+without ``detach`` (TrainPipelineBase) only resets between A (with the side batch last) and B.
+
+``HybridDrive`` runs TrainEvalHybridPipelineBase over phases: trains on the first, evaluates the
+second (``model.eval()``: forward only), trains on the third, each phase on its own iterator; its
+plain counterpart does the same with zero_grad/forward/backward/step and a ``no_grad`` forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paritykit.engine.pipeline_contract import prediction_of, split_output
+from paritykit.engine.pipeline_runs import make_torchrec_pipeline
+from paritykit.errors import ParityError
+
+PLAIN = "plain"
+EXTRA_STEPS_ALLOWED = 3
+
+
+def lifecycle_order(count: int, first: int, detach_after: int) -> list[int]:
+    """The batch indices in the order the lifecycle trains them (see the module docstring)."""
+    if not 0 < detach_after <= first < count:
+        raise ValueError(f"need 0 < detach_after ({detach_after}) <= first ({first}) < batches ({count})")
+    return list(range(detach_after)) + [first] + list(range(detach_after, first)) + list(range(first + 1, count))
+
+
+def progress_all(pipeline: Any, data: Any, count: int, label: str) -> list[Any]:
+    """``progress()`` until StopIteration; ParityError if it keeps going past ``count`` batches."""
+    outputs: list[Any] = []
+    while len(outputs) <= count + EXTRA_STEPS_ALLOWED:
+        try:
+            outputs.append(pipeline.progress(data))
+        except StopIteration:
+            return outputs
+    raise ParityError(f"{label}: still returning steps after {len(outputs)} progress() calls for {count} batches")
+
+
+def plain_step(model: Any, optimizer: Any, batch: Any) -> Any:
+    optimizer.zero_grad()
+    loss, prediction = split_output(model(batch))
+    torch.sum(loss, dim=0).backward()
+    optimizer.step()
+    return prediction_of((loss, prediction))
+
+
+@dataclass(frozen=True)
+class LifecycleDrive:
+    """A driver (``pipeline_runs.record_on_rank``): see the module docstring."""
+
+    pipeline: str
+    first: int
+    detach_after: int
+
+    def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+        lifecycle_order(len(batches), self.first, self.detach_after)
+        part_a, side, part_b = batches[: self.first], batches[self.first], batches[self.first + 1:]
+        pipeline = make_torchrec_pipeline(self.pipeline, model, optimizer, device)
+        if not hasattr(pipeline, "detach"):
+            outputs = progress_all(pipeline, iter(part_a[: self.detach_after]), self.detach_after, self.pipeline)
+            outputs.append(plain_step(model, optimizer, side))
+            pipeline.reset()
+            rest = part_a[self.detach_after:] + part_b
+            return outputs + progress_all(pipeline, iter(rest), len(rest), self.pipeline)
+        data = iter(part_a)
+        outputs = [pipeline.progress(data) for _ in range(self.detach_after)]
+        detached = pipeline.detach()
+        outputs.append(plain_step(detached, optimizer, side))
+        pipeline.attach(detached)
+        outputs += progress_all(pipeline, data, len(part_a), self.pipeline)
+        pipeline.attach(pipeline.detach())  # attaching once the pipeline has run dry
+        pipeline.reset()
+        return outputs + progress_all(pipeline, iter(part_b), len(part_b), self.pipeline)
+
+
+@dataclass(frozen=True)
+class HybridDrive:
+    """A driver: TrainEvalHybridPipelineBase (or the plain loop) over (mode, batch count) phases."""
+
+    phases: tuple[tuple[str, int], ...]
+    pipeline: str = "hybrid"
+
+    def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+        if sum(count for _, count in self.phases) != len(batches):
+            raise ValueError(f"phases {self.phases} do not cover the {len(batches)} batches")
+        pipeline = None if self.pipeline == PLAIN else make_torchrec_pipeline(self.pipeline, model, optimizer, device)
+        outputs: list[Any] = []
+        start = 0
+        for mode, count in self.phases:
+            phase = batches[start:start + count]
+            start += count
+            model.train(mode == "train")
+            if pipeline is not None:
+                outputs += progress_all(pipeline, iter(phase), count, f"{self.pipeline} ({mode})")
+            elif mode == "train":
+                outputs += [plain_step(model, optimizer, batch) for batch in phase]
+            else:
+                with torch.no_grad():
+                    outputs += [prediction_of(model(batch)) for batch in phase]
+        model.train()
+        return outputs

@@ -1,0 +1,92 @@
+"""torchrec's ``StagedTrainPipeline`` with ``SparseDataDistUtil`` stages, driven as its docstring shows.
+
+The stages run ahead of the model: copy the batch to the device, a transform of the dense features
+(a stand-in for a user's GPU post-processing stage; the plain loop applies the same function), then
+torchrec's sparse data dist (and, with ``lookup_ahead``, the embedding lookup: semi-synchronous, the
+lookup of batch i+1 precedes the backward of batch i). ``progress()`` returns the batch for the
+training loop, which runs zero_grad, forward, backward and step itself; ``None`` when the data is
+used up. ``flush_after`` asks the pipeline to flush (finish what is in flight, then refill) after
+that many steps: the sequence of trained batches must not change.
+
+The plain loop it is held to is ``StagedDrive(plain=True)``: the same transform, then zero_grad,
+forward, backward and step on every batch in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paritykit.engine.pipeline_contract import prediction_of, split_output
+from paritykit.errors import ParityError
+
+# What the dense-feature stage multiplies the float features by.
+DENSE_SCALE = 0.5
+EXTRA_STEPS_ALLOWED = 3
+
+
+def scale_dense_features(batch: Any) -> Any:
+    """The user stage: a new batch whose float features are scaled (its sparse features untouched)."""
+    return dataclasses.replace(batch, float_features=batch.float_features * DENSE_SCALE)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    from torchrec.distributed.train_pipeline.utils import get_h2d_func
+
+    return get_h2d_func(batch, device)
+
+
+def train_step(model: Any, optimizer: Any, batch: Any) -> Any:
+    """One step of the training loop around a staged pipeline; returns the prediction."""
+    optimizer.zero_grad()
+    loss, prediction = split_output(model(batch))
+    torch.sum(loss, dim=0).backward()
+    optimizer.step()
+    return prediction_of((loss, prediction))
+
+
+@dataclass(frozen=True)
+class StagedDrive:
+    """A driver (``pipeline_runs.record_on_rank``) for StagedTrainPipeline, or its plain loop."""
+
+    lookup_ahead: bool = False
+    flush_after: int | None = None
+    plain: bool = False
+
+    def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+        if self.plain:
+            return [train_step(model, optimizer, scale_dense_features(batch)) for batch in batches]
+        from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage, SparseDataDistUtil
+        from torchrec.distributed.train_pipeline.train_pipelines import StagedTrainPipeline
+
+        streams = torch.get_device_module(device)
+        sdd = SparseDataDistUtil(model, data_dist_stream=streams.Stream(),
+                                 embedding_lookup_stream=streams.Stream() if self.lookup_ahead else None)
+        # torchrec's own debugging checks that each context advances with its batch. Not with the
+        # lookup stage: _embedding_lookup_context asserts the lookup's results before it runs.
+        sdd._WITH_CONTEXT_ASSERTIONS = not self.lookup_ahead
+        stages = [
+            PipelineStage("data_copy", functools.partial(_to_device, device=device), streams.Stream()),
+            PipelineStage("scale_dense", scale_dense_features, streams.Stream()),
+            sdd.start_sparse_data_dist_stage(),
+        ] + ([sdd.start_embedding_lookup_stage()] if self.lookup_ahead else [])
+        pipeline = StagedTrainPipeline(stages)
+        try:
+            return self._train(pipeline, model, optimizer, iter(batches), len(batches))
+        finally:
+            sdd.detach()
+
+    def _train(self, pipeline: Any, model: Any, optimizer: Any, data: Any, count: int) -> list[Any]:
+        outputs: list[Any] = []
+        while len(outputs) <= count + EXTRA_STEPS_ALLOWED:
+            if self.flush_after is not None and len(outputs) == self.flush_after:
+                pipeline.set_flush(True)
+            batch = pipeline.progress(data)
+            if batch is None:
+                return outputs
+            outputs.append(train_step(model, optimizer, batch))
+        raise ParityError(f"StagedTrainPipeline: still returning batches after {len(outputs)} progress() calls for {count}")
