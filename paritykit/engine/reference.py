@@ -92,7 +92,7 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
     embedding, dense = _optimizers(setup, model, placements)
     scales = gradient_scales(model, placements, setup.world_size, division)
     probe = EmbeddingProbe({name: model.get_submodule(name) for name in setup.embedding_module_names})
-    outputs, losses, embeddings = [], [], []
+    outputs, losses, embeddings, step_states = [], [], [], []
     for step_batches in setup.batches:
         model.zero_grad(set_to_none=True)
         step_outputs, step_embeddings = [], []
@@ -111,6 +111,8 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
         outputs.append([to_cpu(output) for output in step_outputs])
         losses.append([loss.detach().clone() for loss in step_losses])
         embeddings.append(step_embeddings)
+        step_states.append({**{key: value.detach().clone() for key, value in model.state_dict().items()},
+                            **_fused_state(embedding, placements)})
     probe.remove()
     return TrainingRecord(
         outputs=outputs,
@@ -119,6 +121,7 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
         state={key: value.detach().clone() for key, value in model.state_dict().items()},
         fused_state=_fused_state(embedding, placements),
         dense_state=_dense_state(model, dense, placements),
+        step_states=step_states,
     )
 
 

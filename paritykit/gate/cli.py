@@ -112,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="print versions, device and available backends")
     info.set_defaults(handler=run_info)
+
+    repro = sub.add_parser("repro", help="write a standalone torch+torchrec script that reproduces a known issue or a finding")
+    repro.add_argument("case", nargs="?", help="a known issue's id, or a finding id (F1) or case id of a report (--from)")
+    repro.add_argument("--from", dest="source", type=Path, default=None, metavar="REPORT",
+                       help="the gate's report.json (or its directory) the finding or case is in")
+    repro.add_argument("-o", "--output", type=Path, default=None, metavar="FILE", help="write the script here (default: print it)")
+    repro.add_argument("--list", action="store_true", help="list the known issues that have a reproduction")
+    repro.set_defaults(handler=run_repro)
+
+    plant = sub.add_parser("plant", help="run a command with planted bugs applied in it and in every Python process it starts")
+    plant.add_argument("plants", metavar="NAME[,NAME]", help="planted bug(s) (`paritykit selftest --list`)")
+    plant.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS]: e.g. -- python repro.py")
+    plant.set_defaults(handler=run_plant)
     return parser
 
 
@@ -174,7 +187,12 @@ def run_gate(args: argparse.Namespace) -> int:
     from paritykit.checks.runner import GateConfig
     from paritykit.dist import PoolProvider
     from paritykit.gate.gating import run_checks
+    from paritykit.gate.outputs import require_writable_directory
+    from paritykit.gate.report import REPORT_FILES
 
+    if args.report is not None:
+        # Before anything runs: a report that cannot be written must not cost the whole run.
+        require_writable_directory(args.report, "--report", REPORT_FILES)
     device = resolve_device(args.device)
     config = GateConfig(
         device=device,
@@ -208,6 +226,7 @@ def _old_report(path: Path | None):
 
 def _report_gate(args: argparse.Namespace, cases, judgement, old, reporting: bool) -> int:
     from paritykit.gate import compare
+    from paritykit.gate.repro_command import attach_to_report
     from paritykit.gate.report import Report, render_terminal, write_report
 
     report = Report(cases=cases, environment=environment())
@@ -217,6 +236,7 @@ def _report_gate(args: argparse.Namespace, cases, judgement, old, reporting: boo
     if old is not None:
         report.comparison = compare.compare(old.cases, cases, str(args.compare_to), old.environment)
     if reporting:
+        attach_to_report(report, args.report)
         print(render_terminal(report))
         if args.report is not None:
             for path in write_report(report, args.report):
@@ -258,6 +278,9 @@ def run_fixtures(args: argparse.Namespace) -> int:
 
     directory = args.dir or fixtures.DEFAULT_DIR
     if args.action == "record":
+        from paritykit.gate.outputs import require_writable_directory
+
+        require_writable_directory(directory, "--dir" if args.dir else "the shipped fixtures directory")
         key = fixtures.stack_key(installed_versions())
         print(f"wrote {fixtures.record(directory)}: goldens of stack {key}. Goldens pin the numbers every later "
               "gate is held to: record them only on a stack you trust, never on a release under test.")
@@ -271,6 +294,18 @@ def run_selftest(args: argparse.Namespace) -> int:
     from paritykit.gate.selftest import run_selftest_command
 
     return run_selftest_command(args.plant, args.list, resolve_device(args.device), args.examples, args.clean_seeds)
+
+
+def run_repro(args: argparse.Namespace) -> int:
+    from paritykit.gate.repro_command import run_repro as repro
+
+    return repro(args)
+
+
+def run_plant(args: argparse.Namespace) -> int:
+    from paritykit.gate.repro_command import run_plant as plant
+
+    return plant(args)
 
 
 if __name__ == "__main__":

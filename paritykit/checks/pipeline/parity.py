@@ -106,7 +106,7 @@ def _hold_to_promise(verdicts: _Verdicts, pipeline: str, run: TrainingRecord, re
     case = verdicts.case
     if pipeline in EXACT_PIPELINES or names[0] != REFERENCE:
         promise = EXACT_PROMISE if names[0] == REFERENCE else TD_PROMISE
-        verdicts.judge(assert_identical, reference, run, names, promise)
+        verdicts.judge(assert_identical, reference, run, names, promise, case.setup)
     else:
         verdicts.judge(assert_semi_sync, reference, run, names, case.semi_sync_bounds, case.semi_sync_start_batch, verdicts.labels)
 
@@ -119,7 +119,7 @@ def _run_input(verdicts: _Verdicts, pool: Any, input_type: str, plain: TrainingR
     if input_type == "td" and both:
         plain_td = predictions(run_plain(pool, setup, "plain[td]"))
         verdicts.record("plain[td]", plain_td, plain, REFERENCE)
-        verdicts.judge(assert_identical, plain, plain_td, (REFERENCE, "plain[td]"), TD_PROMISE)
+        verdicts.judge(assert_identical, plain, plain_td, (REFERENCE, "plain[td]"), TD_PROMISE, case.setup)
     for pipeline in case.pipelines:
         name = pipeline + suffix
         run = run_pipeline(pool, PipelineJob(setup, pipeline, case.semi_sync_start_batch, case.overlap_optimizer), name)

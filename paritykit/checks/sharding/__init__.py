@@ -11,6 +11,7 @@ plants.py      planted bugs in torchrec's sharded training
 from paritykit.checks.runner import CheckEntry
 from paritykit.checks.sharding.matrix import NAME, run_matrix
 
-CHECK = CheckEntry(NAME, plants="paritykit.checks.sharding.plants", run=run_matrix)
+CHECK = CheckEntry(NAME, plants="paritykit.checks.sharding.plants", run=run_matrix,
+                   known_configurations="paritykit.checks.sharding.known_broken")
 
 __all__ = ["CHECK"]

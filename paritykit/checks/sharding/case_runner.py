@@ -6,13 +6,14 @@ import dataclasses
 from typing import Any
 
 from paritykit.engine.setup import build_setup
-from paritykit.checks.sharding.cases import ShardingCase, batches_of, model_fn, torchrec_plan
-from paritykit.engine.comparison import compare_records
+from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, model_fn, torchrec_plan
+from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.reference import train_reference
 from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
 from paritykit.engine.tolerances import default_tolerance
 from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.configuration import described_by
 from paritykit.harness.sharded import gradient_division
 
 
@@ -40,11 +41,17 @@ def run_sharding_case(case: ShardingCase, pool: Any) -> dict[str, Any]:
     """ParityError naming step, rank, table or feature and element; else what was compared."""
     if pool.world_size != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
+    with described_by(lambda _exc: configuration_of(case, pool.device)):
+        return _run(case, pool)
+
+
+def _run(case: ShardingCase, pool: Any) -> dict[str, Any]:
     setup = case_setup(case, pool.device)
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
     problem = permutation_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
-    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe())
+    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe(),
+                              where_for(setup))
     return {**metrics, "plan_shape": case.plan_shape()}
