@@ -238,7 +238,8 @@ class _Walk:
             return None
         rank, fqn, key, difference = found[0]
         places = [self.places.for_output(m, k) for _r, m, k, _d in found]
-        return self._divergence("forward", "embedding output", step, rank, places, difference, module=fqn, feature=key)
+        module = places[0].module if places and places[0] is not None else fqn
+        return self._divergence("forward", "embedding output", step, rank, places, difference, module=module, feature=key)
 
     def outputs(self, step: int) -> Divergence | None:
         for rank in range(len(self.e.outputs[step])):

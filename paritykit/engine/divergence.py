@@ -40,12 +40,13 @@ class TablePlace:
     kernel: str
     pooling: str = ""  # EBC tables only
     shards: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()  # (offsets, sizes, rank)
+    weighted: bool = False  # the module pools per-id weights
 
     def placement(self) -> str:
         return f"{self.sharding}{' ' + self.pooling if self.pooling else ''} {self.kernel}"
 
     def traits(self) -> frozenset[str]:
-        base = {f"module={self.kind}", f"sharding={self.sharding}", f"kernel={self.kernel}"}
+        base = {f"module={self.kind}", f"sharding={self.sharding}", f"kernel={self.kernel}", f"weighted={self.weighted}"}
         return frozenset(base | ({f"pooling={self.pooling}"} if self.pooling else set()))
 
     def shard_at(self, index: tuple[int, ...]) -> str:
@@ -79,8 +80,9 @@ class Placements:
             for table, param in sharder_of(module).shardable_parameters(module).items():
                 sharding = sharding_plan.plan[fqn][table]
                 config = next(c for c in configs if c.name == table)
-                place = TablePlace(fqn, table, kind, sharding.sharding_type, sharding.compute_kernel,
-                                   config.pooling.name if kind == "ebc" else "", _shards(sharding))
+                place = TablePlace(fqn or type(module).__name__, table, kind, sharding.sharding_type, sharding.compute_kernel,
+                                   config.pooling.name if kind == "ebc" else "", _shards(sharding),
+                                   bool(getattr(module, "is_weighted", lambda: False)()))
                 found.by_state_key[names.get(id(param), table)] = place
                 for key in keys_by_table.get(table, ()):
                     found.by_output_key[(fqn, key)] = place

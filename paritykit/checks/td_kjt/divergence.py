@@ -27,7 +27,8 @@ def place_of(case: ShardedCase, table: str) -> TablePlace:
     spec = next(t for t in case.tables if t.name == table)
     kind = case.plan[table][0]
     kernel = "dense" if kind == "data_parallel" else case.kernel
-    return TablePlace("", table, case.module, kind, kernel, spec.pooling if case.module == "ebc" else "")
+    module = "EmbeddingBagCollection" if case.module == "ebc" else "EmbeddingCollection"
+    return TablePlace(module, table, case.module, kind, kernel, spec.pooling if case.module == "ebc" else "", (), case.weighted)
 
 
 def path_of(route: str, against_unsharded: bool) -> str:
@@ -37,7 +38,7 @@ def path_of(route: str, against_unsharded: bool) -> str:
 def output_divergence(case: ShardedCase, step: int, rank: int, path: str, key: str, difference: Any) -> Divergence:
     place = place_of(case, case.table_of_feature(key).name)
     index = element_of(difference)
-    return Divergence("forward", "embedding output", path, step, rank, table=place.table, feature=key,
+    return Divergence("forward", "embedding output", path, step, rank, module=place.module, table=place.table, feature=key,
                       placement=place.placement(), traits=common_traits([place]),
                       element="" if index is None else str(list(index)), detail=str(difference))
 
@@ -48,7 +49,8 @@ def table_divergence(case: ShardedCase, step: int, rank: int, path: str, table: 
     place = place_of(case, table)
     stage, moved = step_detail(*(t.detach().double().cpu() for t in tensors), sgd=True)
     index = element_of(difference)
-    return Divergence(stage, "table gradient or update", path, step, rank, table=table, placement=place.placement(),
+    return Divergence(stage, "table gradient or update", path, step, rank, module=place.module, table=table,
+                      placement=place.placement(),
                       traits=common_traits([place]), element="" if index is None else str(list(index)),
                       detail=f"{moved}; {difference}")
 
