@@ -96,8 +96,15 @@ class Placements:
 
 
 def _output_keys(module: torch.nn.Module, configs: list) -> dict[str, list[str]]:
+    """Table -> the keys of its outputs: torchrec names a feature that several tables read "feature@table"."""
     by_table = getattr(module, "embedding_names_by_table", None)
-    names = by_table() if callable(by_table) else [list(c.feature_names) for c in configs]
+    if callable(by_table):
+        names = by_table()
+    else:
+        from torchrec.modules import embedding_modules
+
+        naming = getattr(embedding_modules, "get_embedding_names_by_table", None)
+        names = naming(configs) if naming is not None else [list(c.feature_names) for c in configs]
     return {config.name: list(keys) for config, keys in zip(configs, names)}
 
 

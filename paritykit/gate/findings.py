@@ -80,7 +80,7 @@ def describe_size(case: CaseResult) -> str:
         return "no configuration recorded"
     config = ShardedConfiguration.from_json(case.configuration)
     return (f"{config.module}, {config.world_size} rank(s), {len(config.steps)} step(s), {len(config.tables)} table(s), "
-            f"{config.size()[3]} ids")
+            f"{config.id_count()} ids")
 
 
 def group(failures: list[CaseResult]) -> list[Finding]:

@@ -156,12 +156,13 @@ def _finding_details(findings: list[Finding]) -> list[str]:
     out = []
     for f in findings:
         out += [f"## Finding {f.id}: {_md(f.what_differs())}", "",
-                f"- first divergence (smallest case `{f.smallest.short_id}`): {_md(f.divergence.location())}",
-                f"- {_md(f.divergence.detail[:600])}" if f.divergence.detail else "",
-                f"- replay: `{f.smallest.replay}`",
+                f"- first divergence (smallest case `{f.smallest.short_id}`): {_md(f.divergence.location())}"]
+        out += [f"- {_md(f.divergence.detail[:600])}"] if f.divergence.detail else []
+        out += [f"- replay: `{f.smallest.replay}`",
                 f"- standalone script (torch and torchrec only): [{f.script}]({f.script})" if f.script else
-                "- no standalone script: the smallest case carries no configuration a torchrec-only script can be written from",
-                f"- cases ({len(f.cases)}): " + ", ".join(f"{c.check} `{c.short_id}`" for c in f.cases), ""]
+                "- no standalone script: the smallest case carries no configuration a torchrec-only script can be written from"]
+        out += [f"- known issue(s) its configuration matches: {', '.join(f.known_issues)}"] if f.known_issues else []
+        out += [f"- cases ({len(f.cases)}): " + ", ".join(f"{c.check} `{c.short_id}`" for c in f.cases), ""]
     return out
 
 

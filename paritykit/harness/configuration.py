@@ -24,6 +24,8 @@ from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec
 
 Rows = tuple[tuple[int, ...], ...]
+# Embedding optimizers from the simplest state (none) on: what "smallest" prefers among equal sizes.
+OPTIMIZER_ORDER = ("sgd", "adagrad", "rowwise_adagrad")
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,15 @@ class ShardedConfiguration:
         return stable_seed("table", self.seed, table.name)
 
     def size(self) -> tuple[int, ...]:
-        """Smaller is simpler: ranks, steps, tables, ids, table elements."""
-        ids = sum(batch.id_count() for step in self.steps for batch in step)
-        return (self.world_size, len(self.steps), len(self.tables), ids,
+        """Smaller is simpler: ranks, steps, the optimizer (SGD first: its state is nothing), tables, ids,
+        table elements."""
+        ids = self.id_count()
+        optimizer = OPTIMIZER_ORDER.index(self.optimizer) if self.optimizer in OPTIMIZER_ORDER else len(OPTIMIZER_ORDER)
+        return (self.world_size, len(self.steps), optimizer, len(self.tables), ids,
                 sum(t.num_embeddings * t.embedding_dim for t in self.tables))
+
+    def id_count(self) -> int:
+        return sum(batch.id_count() for step in self.steps for batch in step)
 
     def placement_of(self, table: str) -> str:
         """"row_wise MEAN fused": the table's sharding type, pooling (EBC) and kernel."""

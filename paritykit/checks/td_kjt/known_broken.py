@@ -153,8 +153,10 @@ def _vbe_broken(labels: tuple[str, ...]) -> Callable[[ShardedConfiguration], boo
     broken = [b for b in VBE_BROKEN if b.label in labels]
 
     def applies(config: ShardedConfiguration) -> bool:
-        return config.variable_batch and any(b.applies(config.device, _names(config), config.world_size)
-                                             and (config.train or not b.training_only) for b in broken)
+        # A backward that needs several ranks fails where their batches differ in shape (uneven gathers).
+        return config.variable_batch and any(
+            b.applies(config.device, _names(config), config.world_size) and (config.train or not b.training_only)
+            and (b.min_world_size == 1 or config.uneven_batches) for b in broken)
 
     return applies
 
