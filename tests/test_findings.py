@@ -187,3 +187,15 @@ def test_a_differing_gradient_accumulator_names_the_backward():
 def test_step_detail_tells_a_scaled_step_from_other_rows_and_another_direction(sharded, stage, says):
     found_stage, text = step_detail(torch.zeros(3, 1), sharded, torch.tensor([[1.0], [2.0], [0.0]]), sgd=True)
     assert found_stage == stage and says in text
+
+
+def test_a_sync_budget_exceeded_is_a_divergence_of_its_own_kind_naming_the_call_sites():
+    from paritykit.sync import SyncEvent, SyncRecord, check_budget
+
+    record = SyncRecord("cpu", [SyncEvent("item", "torchrec.sparse.jagged_tensor._maybe_compute_length_per_key", None, None)])
+    with pytest.raises(ParityError) as info:
+        check_budget(record, 0, what="EBC forward")
+    divergence = info.value.divergence
+    assert (divergence.stage, divergence.path) == ("syncs", "sync budget")
+    assert divergence.detail == "EBC forward: 1 syncs, budget 0, at torchrec.sparse.jagged_tensor._maybe_compute_length_per_key"
+    assert str(info.value).startswith("sync budget exceeded in EBC forward: 1 synchronization(s), budget 0")

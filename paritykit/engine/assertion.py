@@ -77,9 +77,20 @@ def assert_sharded_matches_unsharded(
         try:
             return _train_and_compare(setup, pools, bound, header)
         except ParityError as exc:
-            if shrink and exc.divergence is not None:
+            if shrink and exc.divergence is not None and not _inside_hypothesis():
                 _add_smallest(exc, setup, pools, bound)
             raise
+
+
+def _inside_hypothesis() -> bool:
+    """Inside a hypothesis test, hypothesis shrinks the inputs itself (calling this again for each try):
+    shrinking here too would multiply the runs."""
+    try:
+        import hypothesis
+    except ImportError:
+        return False
+    in_context = getattr(hypothesis, "currently_in_test_context", None)
+    return bool(in_context()) if in_context is not None else False
 
 
 def _train_and_compare(setup: TrainingSetup, pools: "_Pools", bound: Tolerance, header: str) -> dict[str, Any]:
