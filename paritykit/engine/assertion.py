@@ -77,14 +77,19 @@ def assert_sharded_matches_unsharded(
         try:
             return _train_and_compare(setup, pools, bound, header)
         except ParityError as exc:
-            if shrink and exc.divergence is not None and not _inside_hypothesis():
+            if shrink and exc.divergence is not None and not _shrunk_elsewhere():
                 _add_smallest(exc, setup, pools, bound)
             raise
 
 
-def _inside_hypothesis() -> bool:
+def _shrunk_elsewhere() -> bool:
     """Inside a hypothesis test, hypothesis shrinks the inputs itself (calling this again for each try):
-    shrinking here too would multiply the runs."""
+    shrinking here too would multiply the runs. Under torchrun every rank runs the assertion: none
+    of them starts pools of its own to shrink."""
+    from paritykit.dist import launched_by_torchrun
+
+    if launched_by_torchrun():
+        return True
     try:
         import hypothesis
     except ImportError:

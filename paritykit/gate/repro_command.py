@@ -129,9 +129,12 @@ def attach_to_report(report, directory: Path | None) -> None:
         configuration = finding.smallest.configuration
         if not configuration:
             continue
-        matches = known_configurations.matching(configuration, check=finding.smallest.check)
-        report.known_issue_matches[finding.smallest.short_id] = [m.issue.id for m in matches]
-        if directory is not None:
-            relative = f"{SCRIPTS_DIR}/{finding.id}.py"
-            write_script(Path(directory) / relative, configuration, finding_title(finding))
-            report.scripts[finding.id] = relative
+        try:
+            matches = known_configurations.matching(configuration, check=finding.smallest.check)
+            report.known_issue_matches[finding.smallest.short_id] = [m.issue.id for m in matches]
+            if directory is not None:
+                relative = f"{SCRIPTS_DIR}/{finding.id}.py"
+                write_script(Path(directory) / relative, configuration, finding_title(finding))
+                report.scripts[finding.id] = relative
+        except Exception as exc:  # noqa: BLE001 - the run's results are written whatever happens to one extra
+            report.notes.append(f"finding {finding.id}: no standalone script or known-issue match ({type(exc).__name__}: {exc})")
