@@ -31,6 +31,13 @@ The file is TOML::
     draws = { device = "cpu", module = "ec", kernel = "dense" }    # optional; or sharding = "..."
     reason = "a sharded EmbeddingCollection with the dense kernel on CPU fails in its output split"
     reference = "https://github.com/pytorch/torchrec/issues/..."   # optional
+    id = "ec-dense-kernel"                                         # optional: names the entry (below)
+    workaround = "use the fused kernel (an optimizer in backward)" # optional: what to do instead
+
+An entry with an ``id`` is also matched by configuration (``known_configurations.py``): the check
+that defines the issue registers which configurations show it and the smallest one that does, so a
+user's failing assertion names the issue, its versions and its workaround, and ``paritykit repro ID``
+writes its standalone reproduction.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from paritykit.errors import HarnessError
 from paritykit.harness.versions import installed_versions
 
 DEFAULT_FILE = Path(__file__).with_name("known_issues.toml")
-FIELDS = ("check", "case", "reason", "reference", "versions", "fixed_in", "draws")
+FIELDS = ("check", "case", "reason", "reference", "versions", "fixed_in", "draws", "id", "workaround")
 DRAW_KEYS = ("device", "module", "kernel", "sharding", "rule")
 
 
@@ -77,6 +84,8 @@ class KnownIssue:
     versions: dict[str, str] = field(default_factory=dict)
     fixed_in: dict[str, str] = field(default_factory=dict)
     draws: dict[str, str] = field(default_factory=dict)
+    id: str = ""
+    workaround: str = ""
 
     def standing(self, installed: dict[str, str]) -> str:
         """"applies", "fixed" or "elsewhere" on a stack with these installed versions."""

@@ -37,6 +37,10 @@ class CaseResult:
     message: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
+    # A failure's first divergence (paritykit.errors.Divergence.to_dict()) and the configuration that
+    # failed (paritykit.harness.configuration.ShardedConfiguration.to_json()), where the check knows them.
+    divergence: dict[str, Any] | None = None
+    configuration: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from paritykit.checks.results import NOTHING_COMPARED, CaseResult, short_case_id
-from paritykit.errors import HarnessError, NothingCompared, ParityError, RankFailure, UnsupportedByTorchrec, raised_by_harness
+from paritykit.errors import (Divergence, HarnessError, NothingCompared, ParityError, RankFailure, UnsupportedByTorchrec, crash_divergence,
+                              raised_by_harness)
 from paritykit.harness.case_scope import case_scope
+from paritykit.harness.configuration import configuration_json
 from paritykit.harness.hosts import HostLayout
 from paritykit.harness.patching import replaced
 
@@ -106,7 +108,16 @@ def result_from_exception(check: str, case_id: str, replay: str, exc: BaseExcept
         message = f"{NOTHING_COMPARED}{message}"
     elif status == "error" and not isinstance(exc, HarnessError):
         message = f"harness error: an exception raised in paritykit's own code\n{message}"
-    return CaseResult(check, case_id, status, replay=replay, message=message, duration_s=duration)
+    if status != "fail":
+        return CaseResult(check, case_id, status, replay=replay, message=message, duration_s=duration)
+    # A failure travels up as data: where the numbers first went apart (or where the code under test
+    # raised), and the configuration a standalone reproduction is written from.
+    divergence = getattr(exc, "divergence", None)
+    if divergence is None and not isinstance(exc, (ParityError, RankFailure)):
+        divergence = crash_divergence(exc)
+    return CaseResult(check, case_id, status, replay=replay, message=message, duration_s=duration,
+                      divergence=divergence.to_dict() if divergence is not None else None,
+                      configuration=configuration_json(getattr(exc, "configuration", None)))
 
 
 def run_case(check: str, case_id: str, config: GateConfig, body: Callable[[], Metrics | None]) -> CaseResult:
@@ -174,7 +185,16 @@ class _Examples:
         if minimal.case_id != first.case_id:
             shrunk = "\n".join(minimal.message.splitlines()[:MINIMAL_CASE_LINES])
             first = replace(first, message=f"{first.message}\n--- hypothesis shrank it to a smaller failing case: {minimal.case_id}\n{shrunk}")
+            if minimal.configuration and _same_cause(first, minimal):
+                # The reproduction is written from the smallest configuration that fails the same way.
+                first = replace(first, configuration=minimal.configuration)
         return out + [first]
+
+
+def _same_cause(first: CaseResult, other: CaseResult) -> bool:
+    if not first.divergence or not other.divergence:
+        return False
+    return Divergence.from_dict(first.divergence).cause() == Divergence.from_dict(other.divergence).cause()
 
 
 # How much of the shrunk case's message the report repeats under the reported one.
@@ -271,3 +291,5 @@ class CheckEntry:
     # numbers, sync counts). `paritykit coverage` counts a torchrec line as checked only when a
     # case of a check with an oracle ran it.
     oracle: str | None = None
+    # The module that registers the configurations of the check's known issues (known_configurations.py).
+    known_configurations: str = ""

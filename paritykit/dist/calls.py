@@ -67,11 +67,15 @@ def rank_error_from(exc: BaseException) -> RankError:
     (``paritykit.errors.raised_by_harness``), else "exception" (the code under test: a RankFailure)."""
     from paritykit.errors import raised_by_harness
 
+    from paritykit.errors import crash_divergence
+
     kind = next((name for cls, name in _KIND_BY_TYPE if isinstance(exc, cls)), "exception")
     text = "".join(traceback.format_exception(exc)).rstrip()
     if kind == "exception" and raised_by_harness(exc):
         return RankError("harness", f"harness error (raised in paritykit's own code): {type(exc).__name__}: {exc}", text)
-    return RankError(kind, f"{type(exc).__name__}: {exc}", text)
+    divergence = getattr(exc, "divergence", None) or (crash_divergence(exc) if kind == "exception" else None)
+    return RankError(kind, f"{type(exc).__name__}: {exc}", text, divergence=divergence.to_dict() if divergence else None,
+                     configuration=getattr(exc, "configuration", None))
 
 
 def execute(call: Call) -> Any:

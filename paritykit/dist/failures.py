@@ -6,7 +6,7 @@ import signal
 from dataclasses import dataclass, field
 
 from paritykit.dist.calls import RankError
-from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
+from paritykit.errors import Divergence, HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
 
 _EXCEPTION_BY_KIND = {"parity": ParityError, "unsupported": UnsupportedByTorchrec, "harness": HarnessError}
 
@@ -94,11 +94,15 @@ class FailedCall:
 
     def to_exception(self) -> Exception:
         """A ParityError, UnsupportedByTorchrec or HarnessError raised on a rank keeps its type; all else is a RankFailure."""
-        cls = RankFailure
+        cls, error = RankFailure, None
         if self.kind == "exception" and self.primary is not None:
             error = self.outcomes[self.primary].error
             cls = _EXCEPTION_BY_KIND.get(error.kind if error else "", RankFailure)
         exc = cls(self.message())
+        # The rank's structured finding travels with it (paritykit.errors.Divergence).
+        divergence = getattr(error, "divergence", None)
+        exc.divergence = Divergence.from_dict(divergence) if divergence else None
+        exc.configuration = getattr(error, "configuration", None)
         exc.kind = self.kind
         exc.rank = self.primary
         exc.replay = self.replay

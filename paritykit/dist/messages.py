@@ -23,6 +23,9 @@ class RankError:
     kind: str
     message: str
     traceback: str
+    # Where the numbers first went apart (paritykit.errors.Divergence.to_dict()) and what ran, as data.
+    divergence: dict | None = None
+    configuration: Any = None
 
 
 @dataclass

@@ -97,7 +97,7 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
     scales = gradient_scales(model, placements, setup.world_size, division)
     modules = {name: model.get_submodule(name) for name in setup.embedding_module_names}
     probe, touched = EmbeddingProbe(modules), TouchedRows(modules)
-    outputs, losses, embeddings = [], [], []
+    outputs, losses, embeddings, step_states = [], [], [], []
     for step, step_batches in enumerate(setup.batches):
         setup.options.reference_step(embedding, step)
         model.zero_grad(set_to_none=True)
@@ -119,6 +119,8 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
         outputs.append([to_cpu(output) for output in step_outputs])
         losses.append([loss.detach().clone() for loss in step_losses])
         embeddings.append(step_embeddings)
+        step_states.append({**{key: value.detach().clone() for key, value in model.state_dict().items()},
+                            **_fused_state(embedding, fused_tables, placements)})
     probe.remove()
     touched.remove()
     return TrainingRecord(
@@ -128,6 +130,7 @@ def train_reference(setup: TrainingSetup, division: bool = True) -> TrainingReco
         state={key: value.detach().clone() for key, value in model.state_dict().items()},
         fused_state=_fused_state(embedding, fused_tables, placements),
         dense_state=_dense_state(model, dense, placements),
+        step_states=step_states,
     )
 
 

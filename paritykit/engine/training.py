@@ -60,7 +60,9 @@ class TrainingSetup:
 @dataclass
 class TrainingRecord:
     """outputs[step][rank], losses[step][rank] and embeddings[step][rank] (what each embedding module
-    returned, by key; probes.py), then the full state after the last step."""
+    returned, by key; probes.py), then the full state after the last step. ``step_states[step]`` is the
+    state after each step where the run records it (the plain loop and the unsharded reference do): it
+    tells a wrong forward from a wrong update (comparison.first_divergence)."""
 
     outputs: list[list[Any]]
     losses: list[list[torch.Tensor]]
@@ -69,6 +71,7 @@ class TrainingRecord:
     probes: list[list[Any]] = field(default_factory=list)  # probes[rank][probe]
     fused_state: dict[str, torch.Tensor] = field(default_factory=dict)
     dense_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    step_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
 
 def build_model(setup: TrainingSetup) -> torch.nn.Module:
@@ -100,7 +103,7 @@ def _train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
     dense = KeyedOptimizerWrapper(params, lambda ps: spec.torch_class()(ps, **spec.arguments())) if params else None
     probed = [probe(dmp) for probe in setup.probes]
     probe = EmbeddingProbe(submodules_by_name(dmp, setup.embedding_module_names))
-    outputs, losses, embeddings = [], [], []
+    outputs, losses, embeddings, step_states = [], [], [], []
     for step, step_batches in enumerate(setup.batches):
         options.before_step(dmp, step)
         batch = to_device(step_batches[rank], device)
@@ -115,6 +118,7 @@ def _train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
         options.after_step(dmp)
         outputs.append(to_cpu(output))
         losses.append(loss.detach().to("cpu").clone())
+        step_states.append(state_pieces(dmp) + fused_optimizer_pieces(dmp))
     probe.remove()
     return {
         "outputs": outputs,
@@ -124,6 +128,7 @@ def _train_on_rank(setup: TrainingSetup) -> dict[str, Any]:
         "state": state_pieces(dmp),
         "fused_state": fused_optimizer_pieces(dmp),
         "dense_state": detached(local_pieces(_replicated_optimizer_state(dmp, dense.state_dict()["state"] if dense else {}))),
+        "step_states": step_states,
     }
 
 
@@ -157,4 +162,6 @@ def assemble_records(per_rank: list[dict[str, Any]]) -> TrainingRecord:
         fused_state=assemble([r["fused_state"] for r in per_rank], "fused optimizer state"),
         dense_state=assemble([r["dense_state"] for r in per_rank], "dense optimizer state"),
         probes=[record["probes"] for record in per_rank],
+        step_states=[assemble([r["step_states"][s] for r in per_rank], f"sharded model state after step {s}")
+                     for s in range(steps) if all("step_states" in r for r in per_rank)],
     )

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import traceback
-from typing import Iterator
+from typing import Any, Iterator
 from pathlib import Path
 
 from paritykit.checks import known_issues
@@ -77,27 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paritykit", description="Numerical-parity checks for TorchRec")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gate = sub.add_parser("gate", help="run the parity matrix and answer pass/fail")
-    gate.add_argument("--check", action="append", choices=list(CHECK_PACKAGES) + list(ALIASES), help="a check to run (repeatable); default: all")
-    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    gate.add_argument("--world-size", type=_world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
-    gate.add_argument("--hosts", type=_host_layouts, default=None, metavar="HxR[,HxR...]|none",
-                      help="also run the checks whose placements depend on hosts (sharding) on ranks standing for H hosts "
-                           f"of R ranks each (default: {','.join(map(str, DEFAULT_HOSTS))}; none under torchrun, where the "
-                           "launch's own hosts apply)")
-    gate.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, help="hypothesis examples per property")
-    gate.add_argument("--seed", type=int, default=0)
-    gate.add_argument("--report", type=Path, default=None, metavar="DIR", help="write report.md, report.json, junit.xml here")
-    gate.add_argument("--known-issues", type=Path, default=known_issues.DEFAULT_FILE, metavar="FILE")
-    gate.add_argument("--strict", action="store_true",
-                      help="also fail when the known-issues file does not match what reproduces, or golden fixtures are missing")
-    gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
-    gate.add_argument("--case", action="append", default=None, metavar="ID",
-                      help="run only this case (its short id from a report, or its full id); repeatable")
-    gate.add_argument("--compare-to", type=Path, default=None, metavar="REPORT_JSON",
-                      help="compare with an older gate's report.json: new failures, fixed known issues, metrics that moved")
-    gate.add_argument("--fixtures-dir", type=Path, default=None, metavar="DIR", help="golden fixtures to verify (default: those shipped)")
-    gate.set_defaults(handler=run_gate)
+    _add_gate_parser(sub, list(CHECK_PACKAGES) + list(ALIASES))
 
     selftest = sub.add_parser("selftest", help="show which check catches each planted bug, and count false alarms")
     selftest.add_argument("--plant", action="append", help="a planted bug to run (repeatable); default: the whole catalog")
@@ -123,7 +103,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="print versions, device and available backends")
     info.set_defaults(handler=run_info)
+
+    repro = sub.add_parser("repro", help="write a standalone torch+torchrec script that reproduces a known issue or a finding")
+    repro.add_argument("case", nargs="?", help="a known issue's id, or a finding id (F1) or case id of a report (--from)")
+    repro.add_argument("--from", dest="source", type=Path, default=None, metavar="REPORT",
+                       help="the gate's report.json (or its directory) the finding or case is in")
+    repro.add_argument("-o", "--output", type=Path, default=None, metavar="FILE", help="write the script here (default: print it)")
+    repro.add_argument("--list", action="store_true", help="list the known issues that have a reproduction")
+    repro.set_defaults(handler=run_repro)
+
+    plant = sub.add_parser("plant", help="run a command with planted bugs applied in it and in every Python process it starts")
+    plant.add_argument("plants", metavar="NAME[,NAME]", help="planted bug(s) (`paritykit selftest --list`)")
+    plant.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS]: e.g. -- python repro.py")
+    plant.set_defaults(handler=run_plant)
     return parser
+
+
+def _add_gate_parser(sub: Any, checks: list[str]) -> None:
+    gate = sub.add_parser("gate", help="run the parity matrix and answer pass/fail")
+    gate.add_argument("--check", action="append", choices=checks, help="a check to run (repeatable); default: all")
+    gate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    gate.add_argument("--world-size", type=_world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
+    gate.add_argument("--hosts", type=_host_layouts, default=None, metavar="HxR[,HxR...]|none",
+                      help="also run the checks whose placements depend on hosts (sharding) on ranks standing for H hosts "
+                           f"of R ranks each (default: {','.join(map(str, DEFAULT_HOSTS))}; none under torchrun, where the "
+                           "launch's own hosts apply)")
+    gate.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, help="hypothesis examples per property")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--report", type=Path, default=None, metavar="DIR", help="write report.md, report.json, junit.xml here")
+    gate.add_argument("--known-issues", type=Path, default=known_issues.DEFAULT_FILE, metavar="FILE")
+    gate.add_argument("--strict", action="store_true",
+                      help="also fail when the known-issues file does not match what reproduces, or golden fixtures are missing")
+    gate.add_argument("--no-shrink", action="store_true", help="report the first failing example without shrinking it")
+    gate.add_argument("--case", action="append", default=None, metavar="ID",
+                      help="run only this case (its short id from a report, or its full id); repeatable")
+    gate.add_argument("--compare-to", type=Path, default=None, metavar="REPORT_JSON",
+                      help="compare with an older gate's report.json: new failures, fixed known issues, metrics that moved")
+    gate.add_argument("--fixtures-dir", type=Path, default=None, metavar="DIR", help="golden fixtures to verify (default: those shipped)")
+    gate.set_defaults(handler=run_gate)
 
 
 def _positive_int(text: str) -> int:
@@ -209,7 +226,12 @@ def run_gate(args: argparse.Namespace) -> int:
     from paritykit.checks.runner import GateConfig
     from paritykit.dist import PoolProvider
     from paritykit.gate.gating import run_checks
+    from paritykit.gate.outputs import require_writable_directory
+    from paritykit.gate.report import REPORT_FILES
 
+    if args.report is not None:
+        # Before anything runs: a report that cannot be written must not cost the whole run.
+        require_writable_directory(args.report, "--report", REPORT_FILES)
     device = resolve_device(args.device)
     config = GateConfig(
         device=device,
@@ -244,6 +266,7 @@ def _old_report(path: Path | None):
 
 def _report_gate(args: argparse.Namespace, cases, judgement, old, reporting: bool) -> int:
     from paritykit.gate import compare
+    from paritykit.gate.repro_command import attach_to_report
     from paritykit.gate.report import Report, render_terminal, write_report
 
     report = Report(cases=cases, environment=environment())
@@ -253,6 +276,7 @@ def _report_gate(args: argparse.Namespace, cases, judgement, old, reporting: boo
     if old is not None:
         report.comparison = compare.compare(old.cases, cases, str(args.compare_to), old.environment)
     if reporting:
+        attach_to_report(report, args.report)
         print(render_terminal(report))
         if args.report is not None:
             for path in write_report(report, args.report):
@@ -294,6 +318,9 @@ def run_fixtures(args: argparse.Namespace) -> int:
 
     directory = args.dir or fixtures.DEFAULT_DIR
     if args.action == "record":
+        from paritykit.gate.outputs import require_writable_directory
+
+        require_writable_directory(directory, "--dir" if args.dir else "the shipped fixtures directory")
         key = fixtures.stack_key(installed_versions())
         print(f"wrote {fixtures.record(directory)}: goldens of stack {key}. Goldens pin the numbers every later "
               "gate is held to: record them only on a stack you trust, never on a release under test.")
@@ -307,6 +334,18 @@ def run_selftest(args: argparse.Namespace) -> int:
     from paritykit.gate.selftest import run_selftest_command
 
     return run_selftest_command(args.plant, args.list, resolve_device(args.device), args.examples, args.clean_seeds)
+
+
+def run_repro(args: argparse.Namespace) -> int:
+    from paritykit.gate.repro_command import run_repro as repro
+
+    return repro(args)
+
+
+def run_plant(args: argparse.Namespace) -> int:
+    from paritykit.gate.repro_command import run_plant as plant
+
+    return plant(args)
 
 
 if __name__ == "__main__":

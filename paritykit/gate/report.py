@@ -15,9 +15,13 @@ from xml.etree import ElementTree as ET
 
 from paritykit.checks.results import STATUSES, CaseResult
 from paritykit.gate import compare as comparing
+from paritykit.gate.findings import Finding
+from paritykit.gate.findings import group as group_failures
 
-# Bump when a field is renamed or removed; adding a field is backwards compatible.
-JSON_SCHEMA_VERSION = 1
+# Bump when a field is renamed or removed, or the document changes shape; old fields stay.
+# 2: "findings" (failures grouped by root cause) and each case's "divergence" and "configuration".
+JSON_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 # Statuses that make the gate fail. "error" is the harness's own (exit 2), decided in the CLI.
 FAILING_STATUSES = frozenset({"fail", "error"})
@@ -25,6 +29,8 @@ FAILING_STATUSES = frozenset({"fail", "error"})
 READING_ORDER = ("fail", "error", "known-issue", "skip", "unsupported", "pass")
 # Metrics text per passing case in report.md (the JSON has them all).
 METRICS_CHARS = 160
+# What --report DIR writes (checked writable before any case runs).
+REPORT_FILES = ("report.md", "report.json", "junit.xml")
 
 
 @dataclass
@@ -35,6 +41,10 @@ class Report:
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     comparison: comparing.Comparison | None = None
+    # Filled by the CLI: short id of a finding's smallest case -> the known issues its configuration
+    # matches; finding id -> its standalone script, relative to the report directory.
+    known_issue_matches: dict[str, list[str]] = field(default_factory=dict, compare=False)
+    scripts: dict[str, str] = field(default_factory=dict, compare=False)
 
     def extend(self, results: list[CaseResult]) -> None:
         self.cases.extend(results)
@@ -61,6 +71,15 @@ class Report:
     def in_reading_order(self) -> list[CaseResult]:
         return sorted(self.cases, key=lambda c: READING_ORDER.index(c.status))
 
+    def findings(self) -> list[Finding]:
+        """The failures grouped by root cause (findings.py), with the known issues each one's smallest
+        configuration matches and the script written for it (``scripts``: finding id -> path)."""
+        found = group_failures([c for c in self.cases if c.status == "fail"])
+        for finding in found:
+            finding.known_issues = list(self.known_issue_matches.get(finding.smallest.short_id, []))
+            finding.script = self.scripts.get(finding.id, "")
+        return found
+
 
 def verdict(counts: dict[str, int]) -> str:
     return "FAIL" if counts["fail"] else "ERROR" if counts["error"] else "ok"
@@ -70,8 +89,8 @@ def verdict(counts: dict[str, int]) -> str:
 
 
 def render_terminal(report: Report) -> str:
-    """One line per check, then every non-passing case (failures first) with its message and replay."""
-    lines = []
+    """One line per finding, one per check, then every non-passing case (failures first) with its message and replay."""
+    lines = [f"finding {finding.headline()}" for finding in report.findings()]
     for check in report.checks():
         counts = report.counts(check)
         parts = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -100,8 +119,11 @@ def render_terminal(report: Report) -> str:
 
 
 def render_markdown(report: Report) -> str:
+    findings = report.findings()
     out = ["# paritykit gate report", "", _summary_line(report), ""]
+    out += _finding_lines(findings)
     out += _summary_table(report)
+    out += _finding_details(findings)
     problems = [c for c in report.in_reading_order() if c.status in FAILING_STATUSES]
     out += [f"## Failures ({len(problems)})", ""] + (_details(problems) if problems else ["none", ""])
     if report.comparison is not None:
@@ -116,6 +138,32 @@ def render_markdown(report: Report) -> str:
         out += ["## Environment", "", "| item | value |", "| --- | --- |"]
         out += [f"| {k} | {_md(str(v))} |" for k, v in report.environment.items()] + [""]
     return "\n".join(out)
+
+
+def _finding_lines(findings: list[Finding]) -> list[str]:
+    """One line per finding: what torchrec computes differently, how many cases, the smallest, its replay and script."""
+    if not findings:
+        return []
+    out = [f"## Findings ({len(findings)})", ""]
+    for f in findings:
+        script = f"; script [{f.script}]({f.script})" if f.script else "; no standalone script"
+        known = f"; matches known issue(s) {', '.join(f'`{i}`' for i in f.known_issues)}" if f.known_issues else ""
+        out.append(f"- **{_md(f.headline())}**: first at {_md(f.divergence.location())}; replay `{f.smallest.replay}`{script}{known}")
+    return out + [""]
+
+
+def _finding_details(findings: list[Finding]) -> list[str]:
+    out = []
+    for f in findings:
+        out += [f"## Finding {f.id}: {_md(f.what_differs())}", "",
+                f"- first divergence (smallest case `{f.smallest.short_id}`): {_md(f.divergence.location())}"]
+        out += [f"- {_md(f.divergence.detail[:600])}"] if f.divergence.detail else []
+        out += [f"- replay: `{f.smallest.replay}`",
+                f"- standalone script (torch and torchrec only): [{f.script}]({f.script})" if f.script else
+                "- no standalone script: the smallest case carries no configuration a torchrec-only script can be written from"]
+        out += [f"- known issue(s) its configuration matches: {', '.join(f.known_issues)}"] if f.known_issues else []
+        out += [f"- cases ({len(f.cases)}): " + ", ".join(f"{c.check} `{c.short_id}`" for c in f.cases), ""]
+    return out
 
 
 def _summary_line(report: Report) -> str:
@@ -167,11 +215,13 @@ def _md(text: str) -> str:
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:
-    """The JSON document: {"schema_version", "environment", "summary", "cases": [...], "notes", "comparison"}."""
+    """The JSON document: {"schema_version", "environment", "summary", "findings": [...], "cases": [...],
+    "notes", "comparison"}."""
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "environment": report.environment,
         "summary": {"counts": report.counts(), "exit_code": report.exit_code()},
+        "findings": [finding.to_json() for finding in report.findings()],
         "cases": [{**dataclasses.asdict(c), "short_id": c.short_id} for c in report.cases],
         "notes": report.notes,
         "comparison": None if report.comparison is None else report.comparison.to_json(),
@@ -185,8 +235,8 @@ def render_json(report: Report) -> str:
 def report_from_json(text: str) -> Report:
     """The cases, environment and notes of a report.json (the comparison section is not read back)."""
     data = json.loads(text)
-    if data.get("schema_version") != JSON_SCHEMA_VERSION:
-        raise ValueError(f"report schema_version {data.get('schema_version')!r}, this paritykit reads {JSON_SCHEMA_VERSION}")
+    if data.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
+        raise ValueError(f"report schema_version {data.get('schema_version')!r}, this paritykit reads {READABLE_SCHEMA_VERSIONS}")
     names = {f.name for f in dataclasses.fields(CaseResult)}
     return Report(
         cases=[CaseResult(**{k: v for k, v in case.items() if k in names}) for case in data["cases"]],
@@ -230,7 +280,8 @@ def _first_line(text: str) -> str:
 
 
 def write_report(report: Report, directory: Path) -> list[Path]:
-    """Write report.md, report.json and junit.xml into ``directory``; return their paths."""
+    """Write report.md, report.json and junit.xml into ``directory`` (the findings' scripts are written
+    first, by the CLI, into ``report.scripts``); return their paths."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("report.md", render_markdown(report)), ("report.json", render_json(report)), ("junit.xml", render_junit(report))):

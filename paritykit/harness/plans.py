@@ -96,6 +96,12 @@ def row_wise_mean_beside_others(tables: Sequence[Any], plan: Mapping[str, Any]) 
     return row_mean and any(plan[t.name][0] not in ROW_WISE_KINDS for t in tables)
 
 
+def ebc_row_wise_mean_beside_others(configuration: Any) -> bool:
+    """``row_wise_mean_beside_others`` for an EBC configuration (``module``, ``tables``, ``plan``): the
+    one predicate of that torchrec defect, whichever check lists it."""
+    return configuration.module == "ebc" and row_wise_mean_beside_others(configuration.tables, configuration.plan)
+
+
 def local_world_size(world_size: int, ranks_per_host: int | None = None) -> int:
     """Ranks per host as torchrec will see them (it groups ranks into hosts for TWRW, TWCW and GRID).
 

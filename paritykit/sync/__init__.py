@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from paritykit.errors import HarnessError, ParityError
+from paritykit.errors import Divergence, HarnessError, ParityError
 from paritykit.sync.sites import locate, stack_lines
 
 BACKENDS = ("auto", "cpu", "cuda")
@@ -187,9 +187,12 @@ def check_budget(record: SyncRecord, max_syncs: int, what: str = "the guarded bl
     if record.total <= max_syncs:
         return
     kinds = ", ".join(f"{kind}: {count}" for kind, count in record.by_kind.items())
+    sites = ", ".join(record.by_site)
     raise ParityError(
         f"sync budget exceeded in {what}: {record.total} synchronization(s), budget {max_syncs} "
-        f"(backend {record.backend}; {kinds})\n{record.describe()}"
+        f"(backend {record.backend}; {kinds})\n{record.describe()}",
+        divergence=Divergence("syncs", "device->host synchronizations", "sync budget",
+                              detail=f"{what}: {record.total} syncs, budget {max_syncs}, at {sites}"),
     )
 
 

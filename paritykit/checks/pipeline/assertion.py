@@ -23,14 +23,17 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from paritykit.checks.known_configurations import named_in_failures
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS, REFERENCE, PipelineParityResult, SemiSyncBounds
 from paritykit.engine.pipeline_contract import check_forward_contract, check_pipelineable, model_loss
 from paritykit.engine.builtin_models import batches_of, builtin_setup
+from paritykit.engine.configuration import configurations_of
 from paritykit.checks.pipeline.parity import PipelineCase, run_parity_case, with_td_batches
 from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, STOPS_WITH_DATA, VARIANTS, available
 from paritykit.engine.pipeline_runs import PIPELINES, RunSpec
 from paritykit.engine.setup import DEFAULT_LR, build_setup
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.configuration import described_by
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.dmp import table_parameters
 from paritykit.harness.optimizers import OptimizerSpec
@@ -144,7 +147,9 @@ def assert_pipeline_parity(
                         semi_sync_start_batch=semi_sync_start_batch, semi_sync_bounds=semi_sync_bounds, anchor=anchor)
     if td_batches is not None:
         case = with_td_batches(case, [list(step) for step in td_batches])
-    return run_on_pool(case, pool, report_dir)
+    # A failure names the known torchrec issues its configuration matches (known_configurations.py).
+    with named_in_failures("pipeline"), described_by(lambda _exc: configurations_of(case.setup)):
+        return run_on_pool(case, pool, report_dir)
 
 
 def _checked_model(setup: Any) -> torch.nn.Module:

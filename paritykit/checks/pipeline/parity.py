@@ -110,7 +110,7 @@ def _hold_to_promise(verdicts: _Verdicts, pipeline: str, run: TrainingRecord, re
     promise = pipeline_promise(pipeline)
     if promise in (EXACT, STOPS_WITH_DATA) or names[0] != REFERENCE:
         said = {EXACT: EXACT_PROMISE, STOPS_WITH_DATA: STOP_PROMISE}[promise] if names[0] == REFERENCE else TD_PROMISE
-        verdicts.judge(assert_identical, reference, run, names, said)
+        verdicts.judge(assert_identical, reference, run, names, said, case.setup)
     else:
         verdicts.judge(assert_semi_sync, reference, run, names, case.semi_sync_bounds, case.semi_sync_start_batch, verdicts.labels)
 
@@ -123,7 +123,7 @@ def _run_input(verdicts: _Verdicts, pool: Any, input_type: str, plain: TrainingR
     if input_type == "td" and both:
         plain_td = predictions(run_plain(pool, setup, "plain[td]"))
         verdicts.record("plain[td]", plain_td, plain, REFERENCE)
-        verdicts.judge(assert_identical, plain, plain_td, (REFERENCE, "plain[td]"), TD_PROMISE)
+        verdicts.judge(assert_identical, plain, plain_td, (REFERENCE, "plain[td]"), TD_PROMISE, case.setup)
     for pipeline in case.pipelines:
         name = pipeline + suffix
         run = run_pipeline(pool, PipelineJob(setup, pipeline, case.semi_sync_start_batch, case.overlap_optimizer), name)

@@ -19,11 +19,12 @@ from dataclasses import replace
 from typing import Any
 
 from paritykit.checks.pipeline.comparison import PairComparison, SemiSyncBounds, compare_pair, fmt_list
-from paritykit.engine.comparison import Tolerance, compare_records, final_problems, per_step_problems
+from paritykit.engine.comparison import (Tolerance, Where, compare_records, final_problems, first_divergence,
+                                        per_step_problems, where_for)
 from paritykit.engine.tolerances import tolerance_for
 from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.compare import format_differences
-from paritykit.errors import ParityError
+from paritykit.errors import Divergence, ParityError
 
 # Every compared number bit for bit.
 EXACT_TOLERANCE = Tolerance()
@@ -36,22 +37,38 @@ def _steps_problem(reference: TrainingRecord, candidate: TrainingRecord, names: 
             "batches (a batch was dropped or repeated)")
 
 
-def _raise(problems: list[str], names: tuple[str, str], what: str) -> None:
+def _raise(problems: list[str], names: tuple[str, str], what: str, divergence: Divergence | None = None) -> None:
     shown = problems[:4] + ([f"... and {len(problems) - 4} more"] if len(problems) > 4 else [])
-    raise ParityError(f"{names[1]} vs {names[0]}: {what}\n" + "\n".join(shown))
+    raise ParityError(f"{names[1]} vs {names[0]}: {what}\n" + "\n".join(shown), divergence=divergence)
 
 
-def assert_identical(reference: TrainingRecord, candidate: TrainingRecord, names: tuple[str, str], promise: str) -> None:
+def path_of(names: tuple[str, str]) -> str:
+    """The comparison a divergence is grouped by: a run on TensorDicts (against the same pipeline's KJT run,
+    or the plain loop), or a pipeline against the plain loop."""
+    return "TensorDict vs KJT" if names[1].endswith("[td]") else "pipeline vs plain loop"
+
+
+def _located(candidate: TrainingRecord, reference: TrainingRecord, names: tuple[str, str], path: str,
+             setup: TrainingSetup | None, tolerance: Tolerance = None) -> Divergence | None:
+    where = where_for(setup, path) if setup is not None else Where(path)
+    found = first_divergence(candidate, reference, tolerance or EXACT_TOLERANCE, where)
+    return replace(found, detail=f"{names[1]} vs {names[0]}: {found.detail}") if found else None
+
+
+def assert_identical(reference: TrainingRecord, candidate: TrainingRecord, names: tuple[str, str], promise: str,
+                     setup: TrainingSetup | None = None) -> None:
     """Bit-identical step count, per-step embeddings, predictions and losses, and final state."""
+    path = path_of(names)
     steps = _steps_problem(reference, candidate, names)
     if steps:
-        raise ParityError(steps)
+        raise ParityError(steps, divergence=Divergence("schedule", "step count", path, detail=steps))
     per_step = per_step_problems(candidate, reference, EXACT_TOLERANCE)
     if per_step:
-        _raise(per_step, names, f"per-step values differ (step, rank, then what differs); {promise}")
+        _raise(per_step, names, f"per-step values differ (step, rank, then what differs); {promise}",
+               _located(candidate, reference, names, path, setup))
     final = final_problems(candidate, reference, EXACT_TOLERANCE)
     if final:
-        _raise(final, names, f"final state differs; {promise}")
+        _raise(final, names, f"final state differs; {promise}", _located(candidate, reference, names, path, setup))
 
 
 def _prefix(record: TrainingRecord, steps: int) -> TrainingRecord:
@@ -64,26 +81,26 @@ def assert_semi_sync(
     start_batch: int, labels: Any = None,
 ) -> PairComparison:
     """Exact through batch ``start_batch``, then within ``bounds``; returns the measured drift."""
+    path = "semi-sync vs plain loop"
     steps = _steps_problem(reference, semi_sync, names)
     if steps:
-        raise ParityError(steps)
+        raise ParityError(steps, divergence=Divergence("schedule", "step count", path, detail=steps))
     exact_steps = min(start_batch + 1, len(reference.outputs))
     early = per_step_problems(_prefix(semi_sync, exact_steps), _prefix(reference, exact_steps), EXACT_TOLERANCE)
     if early:
         _raise(early, names, f"steps 0..{exact_steps - 1} differ; with start_batch={start_batch} every lookup up to batch "
-                             f"{start_batch} follows the previous batch's update, so they must be identical")
+                             f"{start_batch} follows the previous batch's update, so they must be identical",
+               _located(_prefix(semi_sync, exact_steps), _prefix(reference, exact_steps), names, path, None))
     comparison = compare_pair(reference, semi_sync, names, labels)
     if comparison.max_output_diff > bounds.max_output_drift:
         worst = max(range(len(comparison.output_diff)), key=comparison.output_diff.__getitem__)
-        raise ParityError(
-            f"{names[1]}: prediction drift {comparison.max_output_diff:.4g} at step {worst} exceeds the bound "
-            f"{bounds.max_output_drift} (per-step drift from {names[0]}: {fmt_list(comparison.output_diff)})"
-        )
+        message = (f"{names[1]}: prediction drift {comparison.max_output_diff:.4g} at step {worst} exceeds the bound "
+                   f"{bounds.max_output_drift} (per-step drift from {names[0]}: {fmt_list(comparison.output_diff)})")
+        raise ParityError(message, divergence=Divergence("forward", "prediction drift", path, worst, detail=message))
     if not math.isnan(comparison.ne_difference) and comparison.ne_difference > bounds.max_ne_difference:
-        raise ParityError(
-            f"{names[1]}: NE {comparison.ne_candidate:.6f} vs {comparison.ne_reference:.6f} ({names[0]}) differ by "
-            f"{comparison.ne_difference:.4g} > bound {bounds.max_ne_difference}"
-        )
+        message = (f"{names[1]}: NE {comparison.ne_candidate:.6f} vs {comparison.ne_reference:.6f} ({names[0]}) differ by "
+                   f"{comparison.ne_difference:.4g} > bound {bounds.max_ne_difference}")
+        raise ParityError(message, divergence=Divergence("forward", "normalized entropy", path, detail=message))
     return comparison
 
 
@@ -106,7 +123,8 @@ def assert_anchor(setup: TrainingSetup, plain: TrainingRecord, reference: Traini
     """The plain loop over DMP against the unsharded ``reference`` (the sharding engine's
     ``train_reference``: the unsharded model trained with torchrec's gradient semantics)."""
     tolerance = tolerance_for(setup)
-    metrics = compare_records(plain, reference, tolerance, f"unsharded anchor, {header}: the plain loop over the DMP model")
+    metrics = compare_records(plain, reference, tolerance, f"unsharded anchor, {header}: the plain loop over the DMP model",
+                              where_for(setup))
     return {**metrics, "tolerance": tolerance.outputs.describe()}
 
 

@@ -6,13 +6,14 @@ import dataclasses
 from typing import Any
 
 from paritykit.engine.setup import build_setup
-from paritykit.checks.sharding.cases import ShardingCase, batches_of, model_fn, torchrec_plan
-from paritykit.engine.comparison import compare_records
+from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, model_fn, torchrec_plan
+from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.reference import train_reference
 from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
 from paritykit.engine.tolerances import default_tolerance
 from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.configuration import described_by
 from paritykit.harness.sharded import gradient_division
 
 
@@ -44,11 +45,17 @@ def run_sharding_case(case: ShardingCase, pool: Any) -> dict[str, Any]:
     if getattr(pool, "ranks_per_host", pool.world_size) != case.hosts.ranks_per_host:
         raise HarnessError(f"case needs {case.hosts.describe()}, the pool stands for "
                            f"{pool.world_size // pool.ranks_per_host} host(s) of {pool.ranks_per_host} ranks")
+    with described_by(lambda _exc: configuration_of(case, pool.device)):
+        return _run(case, pool)
+
+
+def _run(case: ShardingCase, pool: Any) -> dict[str, Any]:
     setup = case_setup(case, pool.device)
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
     problem = permutation_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
-    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe())
+    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe(),
+                              where_for(setup))
     return {**metrics, "plan_shape": case.plan_shape()}

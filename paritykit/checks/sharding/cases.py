@@ -12,24 +12,15 @@ from typing import Any
 
 import torch
 
-from paritykit.harness.optimizers import OptimizerSpec
+from paritykit.harness.configuration import RankBatch, ShardedConfiguration
 from paritykit.harness.hosts import HostLayout, host_layout
+from paritykit.harness.optimizers import OptimizerSpec
 from paritykit.harness.plans import describe_plan, normalize_plan_entry, parameter_sharding_generator
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, build_ec, feature_names_of
 
 Rows = tuple[tuple[int, ...], ...]
 KERNEL_CHOSEN_BY_TORCHREC = ("grid_shard", "table_row_wise")
-
-
-@dataclass(frozen=True)
-class RankBatch:
-    """One rank's batch of one step: rows of ids per feature (KJT key order), per-id weights for a
-    weighted EBC, and for a variable batch (VBE) the inverse indices: output row -> row of the feature."""
-
-    ids: tuple[tuple[str, Rows], ...]
-    weights: tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] | None = None
-    inverse: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,3 +147,12 @@ def batches_of(case: ShardingCase) -> list[list[Any]]:
 
 def feature_order(case: ShardingCase) -> tuple[str, ...]:
     return feature_names_of(case.tables)
+
+
+def configuration_of(case: ShardingCase, device: str = "cpu") -> ShardedConfiguration:
+    """The case as the plain data a failure carries (its known issue, its standalone reproduction)."""
+    return ShardedConfiguration(case.module, case.world_size, case.tables, dict(case.plan),
+                                {t.name: case.kernel_of(t.name) for t in case.tables}, case.step_batches(), case.weighted,
+                                case.need_indices, optimizer_name(case.optimizer), optimizer_name(case.dense_optimizer),
+                                seed=case.seed, device=device,
+                                source=f"sharding check: {case.describe()}")

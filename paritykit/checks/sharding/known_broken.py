@@ -8,15 +8,17 @@ Each rule says which cases it covers and how to change a drawn case so that it a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from paritykit.checks import known_issues
-from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.checks import known_configurations, known_issues
+from paritykit.checks.sharding.cases import RankBatch, ShardingCase, configuration_of
 from paritykit.checks.sharding.optimizer_draws import (ec_with_explicit_fused_type, optimizer_known_broken_cases,
                                                        uses_cpu_ignored_weight_decay, with_class_derived_type,
                                                        with_counter_weight_decay)
-from paritykit.harness.plans import (ROW_WISE_FAMILY, ROW_WISE_KINDS, has_shard_without_rows, row_wise_mean_beside_others,
+from paritykit.harness.configuration import ShardedConfiguration
+from paritykit.harness.plans import (ROW_WISE_FAMILY, ROW_WISE_KINDS, ebc_row_wise_mean_beside_others, has_shard_without_rows,
                                      with_rows_for_every_rank)
 from paritykit.harness.tables import TableSpec
 
@@ -36,10 +38,6 @@ class BrokenCombination:
         if self.draws is not None:
             return known_issues.kept_out_of_draws(*self.draws)
         return known_issues.rule_kept_out(self.name)
-
-
-def _rw_mean_mixed(case: ShardingCase) -> bool:
-    return case.module == "ebc" and row_wise_mean_beside_others(case.tables, case.plan)
 
 
 def _rw_shared_feature_mixed_pooling(case: ShardingCase) -> bool:
@@ -153,7 +151,7 @@ RULES = (
         "a sharded EBC with a row-wise or table-row-wise MEAN table divides the pooled embeddings of its other "
         "(table-wise, column-wise, data-parallel) features by their lengths too (_create_mean_pooling_divisor "
         "resets the divisor only for row-wise SUM features)",
-        _rw_mean_mixed,
+        ebc_row_wise_mean_beside_others,
         lambda case: _with_pooling(case, lambda t: case.plan[t.name][0] in ROW_WISE_KINDS, "SUM"),
     ),
     BrokenCombination(
@@ -282,3 +280,28 @@ def known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
             steps=steps, seed=24),
         **optimizer_known_broken_cases(world_size),
     }
+
+
+# Rules seen in fbgemm's CPU kernels or gloo's collectives: a configuration matches them on CPU only.
+CPU_ONLY = ("row-wise-family-uneven-batch", "row-wise-shard-without-rows", "ebc-variable-batch-mixed-pooling",
+            "ec-data-parallel", "ec-dense-kernel")
+
+
+def _reproduction(name: str) -> ShardedConfiguration:
+    """The rule's known-broken case at the smallest world size that shows it."""
+    return configuration_of(known_broken_cases(MIN_WORLD_SIZE.get(name, 1))[name])
+
+
+def _on_cpu(applies: Callable[[ShardingCase], bool]) -> Callable[[ShardedConfiguration], bool]:
+    return lambda config: config.device == "cpu" and applies(config)
+
+
+# Rules about an optimizer's hyper-parameters: a ShardedConfiguration names its optimizer only (the
+# reproductions build torch's and fbgemm's defaults), so these are matched in the gate's cases alone.
+HYPER_PARAMETER_RULES = ("ec-fused-optimizer-type-ignored", "cpu-row-wise-adagrad-weight-decay-ignored")
+
+for _rule in RULES:
+    if _rule.name in HYPER_PARAMETER_RULES:
+        continue
+    known_configurations.register(_rule.name, "sharding", _on_cpu(_rule.applies) if _rule.name in CPU_ONLY else _rule.applies,
+                                  functools.partial(_reproduction, _rule.name))

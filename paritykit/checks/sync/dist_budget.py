@@ -149,6 +149,6 @@ def check_dist_budget(budget: DistSyncBudget, records_per_rank: list[list[Any]])
             try:
                 check_budget(record, limit, what=what)
             except ParityError as exc:
-                failures.append(str(exc))
+                failures.append(exc)
     if failures:
-        raise ParityError("\n".join(failures))
+        raise ParityError("\n".join(str(f) for f in failures), divergence=failures[0].divergence)

@@ -3,15 +3,17 @@ outputs and the same parameter gradients."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any
+import re
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from paritykit.compare import assert_close
 from paritykit.convert import kjt_to_td, td_to_kjt
-from paritykit.errors import HarnessError, ParityError
+from paritykit.errors import Divergence, HarnessError, ParityError
 from paritykit.strategies import SparseBatch
 
 ROUTES = ("torchrec", "paritykit")
@@ -48,15 +50,30 @@ def assert_td_kjt_parity(
         # The KJT form ran, so the TensorDict form raising is a difference, not a harness problem.
         raise ParityError(f"{label}: outputs: the KJT form ran but the TensorDict form raised "
                           f"{type(exc).__name__}: {exc}") from exc
-    assert_close(actual, expected, exact=exact, msg=f"{label}: outputs")
+    with _located("forward", "output"):
+        assert_close(actual, expected, exact=exact, msg=f"{label}: outputs")
     scalar_loss(expected).backward()
     scalar_loss(actual).backward()
     grads_expected = _gradients(reference)
     grads_actual = _gradients(candidate)
     if not grads_expected:
         raise HarnessError(f"{type(module).__name__}: no parameter received a gradient from the KJT form")
-    assert_close(grads_actual, grads_expected, exact=exact, msg=f"{label}: weight gradients")
+    with _located("backward", "parameter gradient"):
+        assert_close(grads_actual, grads_expected, exact=exact, msg=f"{label}: weight gradients")
     return {"output_elements": count_output_elements(expected), "gradient_elements": sum(g.numel() for g in grads_expected.values())}
+
+
+@contextlib.contextmanager
+def _located(stage: str, what: str) -> Iterator[None]:
+    """A difference found here carries its first divergence: the TensorDict's path against the KJT's."""
+    try:
+        yield
+    except ParityError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip().startswith("[")]
+        index = re.search(r"first at .*?(\[[-\d, ]*\]):", lines[0]) if lines else None
+        exc.divergence = Divergence(stage, what, "TensorDict vs KJT", 0, element=index.group(1) if index else "",
+                                    detail=lines[0] if lines else str(exc).splitlines()[0])
+        raise
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -5,6 +5,7 @@ then the configurations known to fail inside torchrec (known_broken.py), all on 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from paritykit.checks.results import CaseResult
@@ -23,12 +24,14 @@ from paritykit.checks.td_kjt.known_broken import (
     rw_mean_beside_others_case,
     vbe_broken_cases,
 )
+from paritykit.checks.td_kjt.divergence import configuration_of
 from paritykit.checks.td_kjt.pinned import pinned_cases
 from paritykit.checks.td_kjt.rank import check_case_on_rank
 from paritykit.checks.td_kjt.sharded_draw import sharded_cases
 from paritykit.checks.td_kjt.sharded_spec import ShardedCase
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
+from paritykit.harness.configuration import described_by
 
 NAME = "td-kjt"
 
@@ -37,7 +40,8 @@ def run_sharded_case(pool: Any, case: ShardedCase) -> dict[str, Any]:
     """Run ``case`` on ``pool`` (of the case's world size); raises ParityError/RankFailure on a failure."""
     if pool.world_size != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
-    per_rank = pool.call(check_case_on_rank, (case,), case=case.describe())
+    with described_by(lambda exc: _failing_step(case, exc)):
+        per_rank = pool.call(check_case_on_rank, (case,), case=case.describe())
     return {
         "plan_shape": case.plan_shape(),
         "world_size": len(per_rank),
@@ -46,8 +50,16 @@ def run_sharded_case(pool: Any, case: ShardedCase) -> dict[str, Any]:
     }
 
 
+def _failing_step(case: ShardedCase, failure: BaseException) -> Any:
+    """The configuration of the step the failure first diverged at (the check's steps are independent)."""
+    divergence = getattr(failure, "divergence", None)
+    return configuration_of(case, divergence.step if divergence is not None and divergence.step is not None else 0)
+
+
 def run_kjt_after_td(pool: Any, case: ShardedCase) -> dict[str, Any]:
-    per_rank = pool.call(kjt_after_td_on_rank, (case,), case=f"{KJT_AFTER_TD}: {case.describe()}")
+    feedings = replace(configuration_of(case), feedings=("kjt", "td", "kjt"), train=False)
+    with described_by(lambda _exc: feedings):
+        per_rank = pool.call(kjt_after_td_on_rank, (case,), case=f"{KJT_AFTER_TD}: {case.describe()}")
     return per_rank[0]
 
 

@@ -15,10 +15,12 @@ A known issue matches the case id ``known-broken <label>: <case>``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from paritykit.checks.td_kjt.batches import route_input
+from paritykit.checks.td_kjt.divergence import first_of, output_divergence
 from paritykit.checks.td_kjt.pinned import KEYS, pinned_case, pinned_steps
 from paritykit.checks.td_kjt.rank import LEARNING_RATE, shard_case
 from paritykit.checks.td_kjt.reference import outputs_by_key, reference_step
@@ -26,12 +28,16 @@ from paritykit.checks.td_kjt.sharded_draw import (
     MIXED_POOLING,
     ROW_MEAN_TWO_PLACEMENTS,
     VBE_BROKEN,
+    case_names,
     routes_for,
 )
 from paritykit.checks.td_kjt.sharded_spec import ROUTE_KJT, ROUTE_TORCHREC, ShardedCase
 from paritykit.checks.td_kjt.tolerances import output_tolerances
 from paritykit.compare import find_differences, format_differences
-from paritykit.errors import ParityError
+from paritykit.checks import known_configurations
+from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.configuration import ShardedConfiguration
+from paritykit.harness.plans import ebc_row_wise_mean_beside_others
 from paritykit.harness.devices import rank_device
 from paritykit.harness.sharded import copy_full_weights_into
 from paritykit.harness.tables import TableSpec, seeded_full_weights
@@ -114,7 +120,7 @@ def kjt_after_td_on_rank(case: ShardedCase) -> dict[str, Any]:
     copy_full_weights_into(module, full)
     expected, _ = reference_step(case, 0, rank, device, LEARNING_RATE)
     tolerances = output_tolerances(case, case.steps[0][rank], full)
-    problems = []
+    problems, divergences = [], []
     for order, route in enumerate((ROUTE_KJT, ROUTE_TORCHREC, ROUTE_KJT)):
         outputs = outputs_by_key(case.module, module(route_input(case.steps[0][rank], route, case.form, device)))
         for key in sorted(expected):
@@ -122,7 +128,60 @@ def kjt_after_td_on_rank(case: ShardedCase) -> dict[str, Any]:
             found = find_differences(outputs[key], expected[key], rtol=tol.rtol, atol=tol.atol, name=f"output[{key!r}]")
             if found:
                 problems.append(f"feeding {order + 1} ({route}): {format_differences(found[:1])}".replace("\n", " | "))
+                divergences.append(output_divergence(case, 0, rank, "sharded vs unsharded", key, found[0]))
     if problems:
         raise ParityError(f"td-kjt {KJT_AFTER_TD}, rank {rank}: vs the unsharded module\n  " + "\n  ".join(problems[:4])
-                          + f"\n  case: {case.describe()}")
+                          + f"\n  case: {case.describe()}", divergence=first_of(divergences, case))
     return {"feedings": 3, "keys": len(KEYS)}
+
+
+# ---------------------------------------------------------------- the entries' configurations (known_configurations.py)
+
+# Entry id -> the labels of the cases above that show it.
+ISSUE_LABELS = {KJT_AFTER_TD: (KJT_AFTER_TD,), RW_MEAN_BESIDE_OTHERS: (RW_MEAN_BESIDE_OTHERS,),
+                **{b.label: (b.label,) for b in VBE_BROKEN if "row-wise" not in b.label},
+                "vbe-training-row-wise": ("vbe-training-row-wise", "vbe-training-table-row-wise")}
+
+
+def _names(config: ShardedConfiguration) -> set[str]:
+    """What a configuration is made of, in the names VBE_BROKEN uses (module, kernels, placements)."""
+    kernels = {config.kernel_of(t.name) for t in config.tables if config.plan[t.name][0] != "data_parallel"} or {"fused"}
+    return set().union(*(case_names(config.module, kernel, config.tables, config.plan) for kernel in kernels))
+
+
+def _vbe_broken(labels: tuple[str, ...]) -> Callable[[ShardedConfiguration], bool]:
+    broken = [b for b in VBE_BROKEN if b.label in labels]
+
+    def applies(config: ShardedConfiguration) -> bool:
+        # A backward that needs several ranks fails where their batches differ in shape (uneven gathers).
+        return config.variable_batch and any(
+            b.applies(config.device, _names(config), config.world_size) and (config.train or not b.training_only)
+            and (b.min_world_size == 1 or config.uneven_batches) for b in broken)
+
+    return applies
+
+
+def _kjt_after_td(config: ShardedConfiguration) -> bool:
+    return config.module == "ebc" and "td" in config.feedings[:-1] and config.feedings[-1] == "kjt"
+
+
+def _reproduction(labels: tuple[str, ...]) -> ShardedConfiguration:
+    """The first of the gate's known-broken cases with one of ``labels``, at the smallest world size."""
+    from paritykit.checks.td_kjt.divergence import configuration_of
+
+    for world_size in (1, 2):
+        for label, case in _labelled_cases(world_size):
+            if label in labels:
+                config = configuration_of(case)
+                return replace(config, feedings=("kjt", "td", "kjt"), train=False) if label == KJT_AFTER_TD else config
+    raise HarnessError(f"no known-broken td-kjt case is labelled {labels}")
+
+
+def _labelled_cases(world_size: int) -> list[tuple[str, ShardedCase]]:
+    return [(KJT_AFTER_TD, kjt_after_td_case(world_size, "cpu")), (RW_MEAN_BESIDE_OTHERS, rw_mean_beside_others_case(world_size, "cpu")),
+            *vbe_broken_cases(world_size, "cpu")]
+
+
+for _issue, _labels in ISSUE_LABELS.items():
+    _applies = {KJT_AFTER_TD: _kjt_after_td, RW_MEAN_BESIDE_OTHERS: ebc_row_wise_mean_beside_others}.get(_issue) or _vbe_broken(_labels)
+    known_configurations.register(_issue, "td-kjt", _applies, functools.partial(_reproduction, _labels))

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.td_kjt.batches import route_input
+from paritykit.checks.td_kjt.divergence import first_of, output_divergence, path_of, table_divergence
 from paritykit.checks.td_kjt.reference import (
     build_unsharded,
     loss_of,
@@ -32,7 +33,7 @@ from paritykit.checks.td_kjt.reference import (
 from paritykit.checks.td_kjt.sharded_spec import ROUTE_KJT, ROUTE_TORCHREC, ShardedCase
 from paritykit.checks.td_kjt.tolerances import output_tolerances, table_tolerances
 from paritykit.compare import find_differences, format_differences
-from paritykit.errors import HarnessError, ParityError
+from paritykit.errors import Divergence, HarnessError, ParityError
 from paritykit.harness.devices import rank_device
 from paritykit.harness.sharded import (
     copy_full_weights_into,
@@ -55,6 +56,7 @@ class RankReport:
 
     rank: int
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, text)
+    divergences: list[Divergence] = field(default_factory=list)  # the same problems as data, in order
     output_elements: int = 0
     table_elements: int = 0
 
@@ -101,7 +103,8 @@ def shard_case(case: ShardedCase, device: torch.device) -> torch.nn.Module:
     return shard_module(module, case.plan, device=str(device), compute_kernel=case.kernel, learning_rate=LEARNING_RATE)
 
 
-def _differences(name: str, actual: Any, expected: Any, tolerance: Any) -> str | None:
+def _differences(name: str, actual: Any, expected: Any, tolerance: Any) -> tuple[str, Any] | None:
+    """(the text of the differences, the first one) or None."""
     if tolerance is None:
         found = find_differences(actual, expected, exact=True, name=name)
     else:
@@ -109,7 +112,7 @@ def _differences(name: str, actual: Any, expected: Any, tolerance: Any) -> str |
     if not found:
         return None
     bound = "bit-exact" if tolerance is None else f"bound {tolerance}"
-    return f"{name} ({bound}): " + format_differences(found[:2], exact=tolerance is None).replace("\n", " | ")
+    return f"{name} ({bound}): " + format_differences(found[:2], exact=tolerance is None).replace("\n", " | "), found[0]
 
 
 def _run_route(case: ShardedCase, module: torch.nn.Module, step: int, rank: int, route: str, device, full) -> tuple:
@@ -126,20 +129,39 @@ def _run_route(case: ShardedCase, module: torch.nn.Module, step: int, rank: int,
     return outputs, tables
 
 
-def _compare(report: RankReport, kind: str, where: str, actual: tuple, expected: tuple, tolerances: tuple) -> None:
+@dataclass(frozen=True)
+class _At:
+    """Where a comparison happens: the case, step and route, whether against the unsharded module, and
+    the weights every route starts the step from."""
+
+    case: ShardedCase
+    step: int
+    route: str
+    full: dict[str, torch.Tensor]
+    against_unsharded: bool = True
+
+
+def _compare(report: RankReport, kind: str, where: str, actual: tuple, expected: tuple, tolerances: tuple, at: _At) -> None:
     outputs, tables = actual
     expected_outputs, expected_tables = expected
     output_tolerance, table_tolerance = tolerances
+    path = path_of(at.route, at.against_unsharded)
     if sorted(outputs) != sorted(expected_outputs):
         report.problems.append((kind, f"{where}: output keys {sorted(outputs)} vs {sorted(expected_outputs)}"))
+        report.divergences.append(Divergence("forward", "embedding output", path, at.step, report.rank,
+                                             detail=f"output keys {sorted(outputs)} vs {sorted(expected_outputs)}"))
     for key in sorted(set(outputs) & set(expected_outputs)):
         found = _differences(f"output[{key!r}]", outputs[key], expected_outputs[key], output_tolerance.get(key))
         if found:
-            report.problems.append((kind, f"{where}: {found}"))
+            report.problems.append((kind, f"{where}: {found[0]}"))
+            report.divergences.append(output_divergence(at.case, at.step, report.rank, path, key, found[1]))
     for table in sorted(expected_tables) if tables is not None else ():
         found = _differences(f"table[{table!r}]", tables[table], expected_tables[table], table_tolerance.get(table))
         if found:
-            report.problems.append((kind, f"{where}: after one SGD step {found}"))
+            report.problems.append((kind, f"{where}: after one SGD step {found[0]}"))
+            before = at.full[table]  # every route starts the step from the same weights
+            report.divergences.append(table_divergence(at.case, at.step, report.rank, path, table, found[1],
+                                                       (before, tables[table], expected_tables[table])))
 
 
 def _count(report: RankReport, case: ShardedCase, outputs: dict[str, Any], tables: dict[str, torch.Tensor] | None) -> None:
@@ -164,11 +186,12 @@ def _run_step(case: ShardedCase, modules: dict[str, Any], step: int, rank: int, 
         module = modules[ROUTE_TORCHREC if route == ROUTE_TORCHREC else ROUTE_KJT]
         results[route] = _run_route(case, module, step, rank, route, device, full)
         _count(report, case, *results[route])
-        _compare(report, VS_UNSHARDED, f"step {step} route {route}", results[route], expected, tolerances)
+        _compare(report, VS_UNSHARDED, f"step {step} route {route}", results[route], expected, tolerances,
+                 _At(case, step, route, full))
     for route in case.routes:
         if route != ROUTE_KJT:
             _compare(report, TD_VS_KJT, f"step {step} route {route} vs route kjt", results[route], results[ROUTE_KJT],
-                     (exact_outputs, exact_tables))
+                     (exact_outputs, exact_tables), _At(case, step, route, full, against_unsharded=False))
 
 
 def report_case_on_rank(case: ShardedCase) -> RankReport:
@@ -200,7 +223,8 @@ def check_case_on_rank(case: ShardedCase) -> dict[str, int]:
         raise ParityError(
             f"td-kjt rank {report.rank} of {case.world_size}: {len(report.problems)} difference(s)\n  {shown}"
             + (f"\n  ... and {more} more" if more > 0 else "")
-            + f"\n  case: {case.describe()}"
+            + f"\n  case: {case.describe()}",
+            divergence=first_of(report.divergences, case),
         )
     if report.table_elements == 0 and report.output_elements == 0:
         raise HarnessError(f"td-kjt rank {report.rank}: nothing was compared; case: {case.describe()}")
