@@ -103,8 +103,10 @@ def test_a_failing_plan_is_shrunk_to_the_smallest_configuration_that_fails_the_s
 
 def test_every_entry_with_an_id_has_its_configurations_registered_and_its_reproduction_matches_it():
     registered = known_configurations.registered()
-    entries = {issue.id: issue for issue in known_issues.load()}
-    assert "" not in entries and set(registered) == set(entries)
+    # Entries without an id are defects a ShardedConfiguration cannot state (an optimizer's
+    # hyper-parameters, a pipeline, a checkpoint, an op): the gate matches them by case name alone.
+    entries = {issue.id: issue for issue in known_issues.load() if issue.id}
+    assert set(registered) == set(entries)
     for issue_id, known in registered.items():
         assert known.check == entries[issue_id].check
         reproduction = known_configurations.reproduction(issue_id)
