@@ -1,12 +1,18 @@
 """`paritykit selftest`: each planted bug is caught by the check aimed at it; the clean stack raises no alarm."""
 
+from pathlib import Path
+
 import pytest
 
 from paritykit.gate import cli
 from paritykit.gate.selftest import catalog as plant_catalog
 from paritykit.gate.profiles import profile_from_env
 
-# One cheap plant per check: what CI runs on every change. The release profile runs the catalog.
+ROOT = Path(__file__).resolve().parent.parent
+
+# Cheap plants of the first checks: what this suite runs on every change (the newer checks' plants
+# each have a test of their own, tests/test_*_plants.py). CI runs one plant per check on the next
+# release's stack (.ci/run); the release profile runs the catalog.
 FAST_SUBSET = (
     "offsets-off-by-one",
     "cw-permute-rank-order",
@@ -14,14 +20,17 @@ FAST_SUBSET = (
     "tolist-in-ebc-forward",
     "fp16-pooling-accumulation",
 )
+NEXT_STACK_SUBSET = FAST_SUBSET + ("permute-drops-weights", "warmup-multiplier-one-step-late", "sharded-load-ignores-shard-offsets")
 
 
 def test_catalog_has_at_least_twelve_plants_over_every_check():
     catalog = plant_catalog()
     checks = {plant.check for plant in catalog.values()}
     assert len(catalog) >= 12
-    assert {"td-kjt", "sharding", "pipeline", "sync"} <= checks
+    assert {"td-kjt", "sharding", "pipeline", "checkpoint", "sync", "sparse-ops", "optim", "fixtures"} <= checks
     assert set(FAST_SUBSET) <= set(catalog)
+    assert {catalog[name].check for name in NEXT_STACK_SUBSET} == checks  # one plant per check
+    assert " ".join(f"--plant {name}" for name in NEXT_STACK_SUBSET) in (ROOT / ".ci" / "run").read_text()
 
 
 def test_fast_subset_is_caught_with_no_false_alarm(capsys):
