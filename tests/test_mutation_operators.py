@@ -94,6 +94,10 @@ def test_a_sample_is_a_function_of_the_seed():
     assert sample(mutants, 10, seed=3) != sample(mutants, 10, seed=4)
     assert len(set(sample(mutants, 10, seed=3))) == 10
     assert sample(mutants, 500, seed=0) == mutants
+    # Drawn order: a shorter sample of the same seed is the start of a longer one (an interrupted run's
+    # finished part is a uniform sample), and the order is not the files'.
+    assert sample(mutants, 20, seed=3) != sorted(sample(mutants, 20, seed=3), key=lambda m: m.line)
+    assert sample(mutants, 10, seed=3) == sample(mutants, 20, seed=3)[:10]
 
 
 def test_an_equivalent_survivor_is_matched_by_its_text_not_its_line_number():

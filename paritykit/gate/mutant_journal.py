@@ -1,8 +1,8 @@
 """A mutation run's journal: every outcome appended as it finishes (``journal.jsonl`` in the report
 directory), so that a run of hours that was interrupted resumes where it stopped (``--resume``).
 
-The first line says which run the journal belongs to (the coverage run's cases, the seed, the sample
-size, the cases per mutant); resuming another run's journal is a HarnessError, not a mix.
+The first line says which run the journal belongs to (the coverage run's cases, the seed, the cases
+per mutant); resuming another run's journal is a HarnessError, not a mix.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from paritykit.gate.mutants import Mutant
 JOURNAL_FILE = "journal.jsonl"
 
 
-def run_identity(coverage_dir: Path, seed: int, size: int | None, max_cases: int) -> dict[str, Any]:
+def run_identity(coverage_dir: Path, seed: int, max_cases: int) -> dict[str, Any]:
+    """What decides a mutant's outcome: the covering cases and how many of them run. Not the sample's
+    size: a sample runs in the order drawn, so the smaller sample of a seed is the start of the
+    larger one, and ``--sample N --resume`` reports the part of a longer run that finished."""
     cases = (Path(coverage_dir) / "cases.json").read_bytes()
-    return {"cases_sha256": hashlib.sha256(cases).hexdigest(), "seed": seed, "sample": size, "max_cases": max_cases}
+    return {"cases_sha256": hashlib.sha256(cases).hexdigest(), "seed": seed, "max_cases": max_cases}
 
 
 def outcome_from_json(data: dict[str, Any]) -> MutantOutcome:
@@ -39,7 +42,7 @@ class Journal:
         if resume and self.path.exists():
             lines = self.path.read_text().splitlines()
             if not lines or json.loads(lines[0]) != identity:
-                raise HarnessError(f"{self.path} belongs to another mutation run (coverage data, seed, sample or "
+                raise HarnessError(f"{self.path} belongs to another mutation run (coverage data, seed or "
                                    "--max-cases differ): resume it with the same arguments, or run without --resume")
             for line in lines[1:]:
                 outcome = outcome_from_json(json.loads(line))

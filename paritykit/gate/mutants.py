@@ -85,10 +85,12 @@ def population(root: Path, covered: dict[str, set[int]]) -> list[Mutant]:
 
 
 def sample(mutants: list[Mutant], size: int | None, seed: int) -> list[Mutant]:
-    """A uniform sample without replacement (all of them when ``size`` is None or too large)."""
+    """A uniform sample without replacement (all of them when ``size`` is None or too large), in the
+    order drawn: the mutants run in that order, so the part of a run that finished before it was
+    interrupted is itself a uniform sample (in file order it would be the first files only)."""
     if size is None or size >= len(mutants):
         return list(mutants)
-    return sorted(random.Random(seed).sample(mutants, size), key=lambda m: (m.file, m.line, m.operator, m.occurrence))
+    return random.Random(seed).sample(mutants, size)
 
 
 def change_of(root: Path, mutant: Mutant) -> MutantChange:

@@ -61,7 +61,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
     """Draw the sample, run every mutant, and return the results (``write_report`` renders them).
     With ``journal_dir`` every outcome is journaled as it finishes; ``resume`` reuses a journal's."""
     gate, cases = load_cases(coverage_dir)
-    journal = Journal(journal_dir, run_identity(coverage_dir, seed, size, max_cases), resume) if journal_dir else None
+    journal = Journal(journal_dir, run_identity(coverage_dir, seed, max_cases), resume) if journal_dir else None
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
