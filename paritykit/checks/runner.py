@@ -35,6 +35,13 @@ REPLAY_LABEL_CHARS = 100
 DEFAULT_HOSTS = (HostLayout(2, 2),)
 
 
+def default_hosts() -> tuple[HostLayout, ...]:
+    """Cross-host placements beside the one-host world sizes; under torchrun the launch's hosts only."""
+    from paritykit.dist import launched_by_torchrun
+
+    return () if launched_by_torchrun() else DEFAULT_HOSTS
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """How the gate (or a test) asks a check to run.

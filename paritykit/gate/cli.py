@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from pathlib import Path
 
 from paritykit.checks import known_issues
-from paritykit.checks.runner import DEFAULT_HOSTS
+from paritykit.checks.runner import DEFAULT_HOSTS, default_hosts
 from paritykit.errors import HarnessError
 from paritykit.harness.devices import resolve_device
 from paritykit.harness.noise import quiet_known_noise
@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from paritykit.gate.instrument_cli import add_coverage_parser, add_mutate_parser
 
-    add_coverage_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes)
-    add_mutate_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes)
+    add_coverage_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes, host_layouts=_host_layouts)
+    add_mutate_parser(sub, examples=DEFAULT_EXAMPLES, positive_int=_positive_int, world_sizes=_world_sizes, host_layouts=_host_layouts)
 
     info = sub.add_parser("info", help="print versions, device and available backends")
     info.set_defaults(handler=run_info)
@@ -180,13 +180,6 @@ def _host_layouts(text: str):
     return tuple(dict.fromkeys(layouts))
 
 
-def _default_hosts():
-    """Cross-host placements beside the one-host world sizes; under torchrun the launch's hosts only."""
-    from paritykit.dist import launched_by_torchrun
-
-    return () if launched_by_torchrun() else DEFAULT_HOSTS
-
-
 def environment() -> dict[str, str]:
     import platform
 
@@ -236,7 +229,7 @@ def run_gate(args: argparse.Namespace) -> int:
     config = GateConfig(
         device=device,
         world_sizes=args.world_size or DEFAULT_WORLD_SIZES,
-        hosts=_default_hosts() if args.hosts is None else args.hosts,
+        hosts=default_hosts() if args.hosts is None else args.hosts,
         examples=args.examples,
         seed=args.seed,
         report_dir=args.report,

@@ -97,6 +97,7 @@ def _config_json(config: GateConfig, names: list[str]) -> dict[str, Any]:
     from paritykit.harness.versions import installed_versions
 
     return {"checks": names, "device": config.device, "world_sizes": list(config.world_sizes),
+            "hosts": [str(layout) for layout in config.hosts],
             "examples": config.examples, "seed": config.seed, "torchrec_root": str(torchrec_dir()),
             "versions": installed_versions()}
 

@@ -16,7 +16,7 @@ from paritykit.checks import known_issues
 DEFAULT_COVERAGE_DIR = Path("paritykit-coverage")
 
 
-def add_gate_run_options(parser: argparse.ArgumentParser, *, examples: int, positive_int, world_sizes) -> None:
+def add_gate_run_options(parser: argparse.ArgumentParser, *, examples: int, positive_int, world_sizes, host_layouts) -> None:
     """The gate's own options that say which cases run (same meaning as under `paritykit gate`)."""
     from paritykit.checks import ALIASES, CHECK_PACKAGES
 
@@ -24,13 +24,15 @@ def add_gate_run_options(parser: argparse.ArgumentParser, *, examples: int, posi
                         help="a check to run (repeatable); default: all")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--world-size", type=world_sizes, default=None, help="N or a list such as 1,2,4 (default: 1,2)")
+    parser.add_argument("--hosts", type=host_layouts, default=None, metavar="HxR[,HxR...]|none",
+                        help="ranks standing for H hosts of R ranks, as under `paritykit gate` (default: the gate's)")
     parser.add_argument("--examples", type=positive_int, default=examples, help="hypothesis examples per property")
     parser.add_argument("--known-issues", type=Path, default=known_issues.DEFAULT_FILE, metavar="FILE")
 
 
-def add_coverage_parser(sub, *, examples: int, positive_int, world_sizes) -> None:
+def add_coverage_parser(sub, *, examples: int, positive_int, world_sizes, host_layouts) -> None:
     coverage = sub.add_parser("coverage", help="run the gate under coverage.py over the installed torchrec, per case")
-    add_gate_run_options(coverage, examples=examples, positive_int=positive_int, world_sizes=world_sizes)
+    add_gate_run_options(coverage, examples=examples, positive_int=positive_int, world_sizes=world_sizes, host_layouts=host_layouts)
     coverage.add_argument("--seed", type=int, default=0)
     coverage.add_argument("--report", type=Path, default=DEFAULT_COVERAGE_DIR, metavar="DIR",
                           help=f"where the data and reports go (default: ./{DEFAULT_COVERAGE_DIR})")
@@ -46,7 +48,10 @@ def run_coverage_command(args: argparse.Namespace) -> int:
     from paritykit.harness.devices import resolve_device
 
     device = resolve_device(args.device)
-    config = GateConfig(device=device, world_sizes=args.world_size or (1, 2), examples=args.examples, seed=args.seed)
+    from paritykit.checks.runner import default_hosts
+
+    hosts = default_hosts() if getattr(args, "hosts", None) is None else args.hosts
+    config = GateConfig(device=device, world_sizes=args.world_size or (1, 2), hosts=hosts, examples=args.examples, seed=args.seed)
     names = args.check or list(CHECK_PACKAGES)
     cases = run_coverage(names, config, args.report, args.known_issues)
     if not args.no_html:
@@ -64,7 +69,7 @@ DEFAULT_MUTATE_DIR = Path("paritykit-mutants")
 DEFAULT_MAX_CASES = 6
 
 
-def add_mutate_parser(sub, *, examples: int, positive_int, world_sizes) -> None:
+def add_mutate_parser(sub, *, examples: int, positive_int, world_sizes, host_layouts) -> None:
     mutate = sub.add_parser("mutate", help="mutants of the installed torchrec on covered lines, against the cases covering them")
     mutate.add_argument("--sample", type=positive_int, default=None, metavar="N",
                         help="a uniform sample of N mutants (default: every mutant in scope)")
@@ -80,7 +85,7 @@ def add_mutate_parser(sub, *, examples: int, positive_int, world_sizes) -> None:
     mutate.add_argument("--jobs", type=positive_int, default=1, help="mutants run at once")
     mutate.add_argument("--resume", action="store_true",
                         help="reuse the outcomes journaled in REPORT by an interrupted run with the same arguments")
-    add_gate_run_options(mutate, examples=examples, positive_int=positive_int, world_sizes=world_sizes)
+    add_gate_run_options(mutate, examples=examples, positive_int=positive_int, world_sizes=world_sizes, host_layouts=host_layouts)
     mutate.set_defaults(handler=run_mutate_command)
 
 

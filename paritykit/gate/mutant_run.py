@@ -70,7 +70,7 @@ def module_name(relative: str) -> str:
 def gate_command(gate: dict[str, Any], cases: list[CoveredCase]) -> list[str]:
     command = [sys.executable, "-m", "paritykit", "gate", "--no-shrink", "--device", gate["device"],
                "--world-size", ",".join(str(w) for w in gate["world_sizes"]), "--examples", str(gate["examples"]),
-               "--seed", str(gate["seed"])]
+               "--seed", str(gate["seed"]), "--hosts", ",".join(gate.get("hosts") or ["none"])]
     for check in sorted({case.check for case in cases}):
         command += ["--check", check]
     for case in cases:
