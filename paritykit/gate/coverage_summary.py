@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data
-from paritykit.gate.coverage_scope import GROUPS, relative_name, scope_files, torchrec_dir
+from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, measured_root
+from paritykit.gate.coverage_scope import GROUPS, relative_name, scope_files
 
 UNREACHABLE_FILE = Path(__file__).with_name("coverage_unreachable.toml")
 
@@ -143,9 +143,9 @@ def _contexts_by_line(cov: Any, path: Path) -> dict[int, list[str]]:
 
 def summarize(out_dir: Path) -> dict[str, Any]:
     """Per area figures and the public functions never executed, from a coverage directory."""
-    _, cases = load_cases(out_dir)
+    gate, cases = load_cases(out_dir)
     cov = load_data(out_dir)
-    root = torchrec_dir()
+    root = measured_root(gate)  # where the run measured torchrec (the same version may lie elsewhere here)
     oracle_labels = {case.label for case in cases if case.compared_with_oracle}
     unreachable = load_unreachable()
     areas = [AreaFigures(group.name, group.focus) for group in GROUPS]
