@@ -199,3 +199,29 @@ def test_a_real_check_draws_the_same_cases_for_the_same_seed_and_replays_one_alo
     sharded = next(r for r in first if r.case_id.startswith("sharded ") and r.status == "pass")
     alone, _ = run_checks(["td-kjt"], replace(config, case=sharded.short_id), rank_pools)
     assert [(r.case_id, r.status) for r in alone] == [(sharded.case_id, "pass")]
+
+
+def test_a_hypothesis_test_run_before_in_the_same_process_does_not_change_the_drawn_cases():
+    # Hypothesis caches the literals it mines from loaded modules per kind of draw; a plain @given test
+    # with mining on (a user's suite, or this one) used to leak them into the gate's draws.
+    from hypothesis import HealthCheck, given, settings
+
+    from paritykit.checks.runner import run_property
+    from paritykit.checks.sharding.draws import sharding_cases
+    from paritykit.checks.sharding.matrix import placements_by_module
+
+    def drawn() -> list[str]:
+        seen: list[str] = []
+        run_property("sharding", sharding_cases(3, placements_by_module("cpu")), lambda case: seen.append(case.case_id()) or {},
+                     GateConfig(examples=40, seed=0, shrink=False), case_id=lambda case: case.case_id())
+        return seen
+
+    before = drawn()
+
+    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(sharding_cases(3, placements_by_module("cpu")))
+    def plain(case):
+        pass
+
+    plain()
+    assert drawn() == before
