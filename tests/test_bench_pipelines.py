@@ -45,6 +45,7 @@ def test_fused_labels_name_the_lookup_stream_and_position():
     assert label("fused:data_dist") == "TrainPipelineFusedSparseDist (data_dist stream, lookup before optimizer)"
 
 
+@pytest.mark.slow  # a minute of fresh pools: `make bench` runs the benchmark itself; --run-slow or the release profile run this
 def test_a_small_run_times_every_trained_step_and_measures_memory_in_fresh_pools(tmp_path):
     paths = save_benchmark(tmp_path, TINY)
     assert [p.name for p in paths] == ["pipeline_benchmark.md", "pipeline_benchmark.json"]
