@@ -14,9 +14,10 @@ from typing import Callable
 
 from paritykit.checks import known_configurations, known_issues
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, configuration_of
-from paritykit.checks.sharding.optimizer_draws import (ec_with_explicit_fused_type, optimizer_known_broken_cases,
-                                                       uses_cpu_ignored_weight_decay, with_class_derived_type,
-                                                       with_counter_weight_decay)
+from paritykit.checks.sharding.optimizer_draws import (ec_with_explicit_fused_type, one_row_shard_with_row_states,
+                                                       optimizer_known_broken_cases, uses_cpu_ignored_weight_decay,
+                                                       with_class_derived_type, with_counter_weight_decay,
+                                                       with_two_rows_per_shard)
 from paritykit.harness.configuration import ShardedConfiguration
 from paritykit.harness.plans import (ROW_WISE_FAMILY, ROW_WISE_KINDS, ebc_row_wise_mean_beside_others, has_shard_without_rows,
                                      with_rows_for_every_rank)
@@ -197,6 +198,15 @@ RULES = (
         uses_cpu_ignored_weight_decay,
         with_counter_weight_decay,
     ),
+    BrokenCombination(
+        "one-row-shard-row-states-as-single-values",
+        "a row shard of one row trained by an optimizer with per-row states besides momentum1 (counter-based "
+        "row-wise Adagrad: prev_iter, row_counter; row-wise RMSprop with adaptive regularization: prev_iter): "
+        "torchrec's fused optimizer takes the one-element state for a single-value state and gives it the "
+        "global metadata of one value per rank, so the saved state overlaps another shard's rows",
+        one_row_shard_with_row_states,
+        with_two_rows_per_shard,
+    ),
 )
 
 
@@ -237,7 +247,8 @@ def _vbe_steps(world_size: int) -> tuple[tuple[RankBatch, ...], ...]:
 
 
 # Rules that need more than one rank to show (ranks with different batch sizes).
-MIN_WORLD_SIZE = {"row-wise-family-uneven-batch": 2, "row-wise-shard-without-rows": 2, "ebc-grid-variable-batch": 2}
+MIN_WORLD_SIZE = {"row-wise-family-uneven-batch": 2, "row-wise-shard-without-rows": 2, "ebc-grid-variable-batch": 2,
+                  "one-row-shard-row-states-as-single-values": 2}
 
 
 def known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
@@ -298,7 +309,8 @@ def _on_cpu(applies: Callable[[ShardingCase], bool]) -> Callable[[ShardedConfigu
 
 # Rules about an optimizer's hyper-parameters: a ShardedConfiguration names its optimizer only (the
 # reproductions build torch's and fbgemm's defaults), so these are matched in the gate's cases alone.
-HYPER_PARAMETER_RULES = ("ec-fused-optimizer-type-ignored", "cpu-row-wise-adagrad-weight-decay-ignored")
+HYPER_PARAMETER_RULES = ("ec-fused-optimizer-type-ignored", "cpu-row-wise-adagrad-weight-decay-ignored",
+                         "one-row-shard-row-states-as-single-values")
 
 for _rule in RULES:
     if _rule.name in HYPER_PARAMETER_RULES:

@@ -17,6 +17,9 @@ Known to fail, each a rule of known_broken.py with an entry in known_issues.toml
   row-wise Adagrad.
 - ``cpu-row-wise-adagrad-weight-decay-ignored``: fbgemm's CPU row-wise Adagrad kernel applies no
   weight decay in modes L2 and DECOUPLE (the counter-based mode does apply it).
+- ``one-row-shard-row-states-as-single-values``: torchrec takes a per-row optimizer state of one
+  element for a single-value state, so on a rank whose row shard has one row, prev_iter (and
+  row_counter) say they are element ``rank`` of a tensor of ``world size`` elements.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from hypothesis import strategies as st
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.harness.optimizers import FUSED, OptimizerSpec, supported_fused_optimizers
 from paritykit.harness.optimizers.catalog import WEIGHT_DECAY_MODES
+from paritykit.harness.plans import ROW_WISE_FAMILY
 from paritykit.harness.tables import TableSpec
 from paritykit.strategies.optimizers import dense_optimizer_specs, embedding_optimizer_specs
 
@@ -77,6 +81,41 @@ def with_counter_weight_decay(case: ShardingCase) -> ShardingCase:
     kwargs = {**spec.kwargs, "weight_decay_mode": "counter", "counter_weight_decay_mode": spec.hyper("weight_decay_mode"),
               "counter_halflife": 1}
     return dataclasses.replace(case, optimizer=OptimizerSpec(spec.name, spec.lr, **kwargs))
+
+
+def _keeps_row_states_besides_momentum1(spec: OptimizerSpec) -> bool:
+    """fbgemm keeps per-row states other than momentum1: prev_iter (and row_counter) of counter-based
+    row-wise Adagrad and of row-wise RMSprop with adaptive regularization."""
+    return spec.name == "rowwise_rmsprop_ar" or (spec.name == "rowwise_adagrad" and spec.hyper("weight_decay_mode") == "counter")
+
+
+def _row_shards(case: ShardingCase, table: TableSpec) -> int:
+    """How many row shards a row-wise-family table is cut into: every rank (row-wise), or the ranks of
+    one host (table-row-wise, each grid block)."""
+    return case.world_size if case.plan[table.name][0] == "row_wise" else case.hosts.ranks_per_host
+
+
+def _has_one_row_shard(case: ShardingCase, table: TableSpec) -> bool:
+    if case.plan[table.name][0] not in ROW_WISE_FAMILY or case.trained_kernel(table.name) != "fused":
+        return False
+    shards = _row_shards(case, table)
+    block = -(-table.num_embeddings // shards)  # torchrec gives each shard ceil(rows / shards) rows in turn
+    return any(min(block, table.num_embeddings - i * block) == 1 for i in range(shards))
+
+
+def one_row_shard_with_row_states(case: ShardingCase) -> bool:
+    return _keeps_row_states_besides_momentum1(_spec(case)) and any(_has_one_row_shard(case, t) for t in case.tables)
+
+
+def with_two_rows_per_shard(case: ShardingCase) -> ShardingCase:
+    """Tables whose row shards include one of a single row get rows for two or more in every shard."""
+    def grown(table: TableSpec) -> TableSpec:
+        if not _has_one_row_shard(case, table):
+            return table
+        shards = _row_shards(case, table)
+        return dataclasses.replace(table, num_embeddings=max(2, -(-table.num_embeddings // shards)) * shards)
+
+    return dataclasses.replace(case, tables=tuple(grown(t) for t in case.tables))
 
 
 _IDS = (
@@ -128,6 +167,12 @@ def optimizer_known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
         "ec-fused-optimizer-type-ignored": ShardingCase(
             "ec", world_size, ec_tables, {"t0": ("table_wise", 0), "t1": ("table_wise", 0), "t2": ("table_wise", 0)},
             optimizer=explicit_spec, steps=_steps(world_size, steps=1), seed=35),
+        "one-row-shard-row-states-as-single-values": ShardingCase(
+            "ebc", world_size, (TableSpec("t0", 3, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",))),
+            {"t0": ("row_wise",), "t1": ("table_wise", 0)},
+            optimizer=OptimizerSpec("rowwise_adagrad", 0.1, eps=1e-3, weight_decay=0.1, weight_decay_mode="counter",
+                                    counter_halflife=1, counter_weight_decay_mode="l2"),
+            steps=(tuple(RankBatch((("f0", ((0, 2), (1,))), ("f1", ((3,), (4, 5))))) for _ in range(world_size)),), seed=37),
         "cpu-row-wise-adagrad-weight-decay-ignored": ShardingCase(
             "ebc", world_size, sums, {"t0": ("table_wise", 0), "t1": ("table_wise", 0)},
             optimizer=OptimizerSpec("rowwise_adagrad", 0.1, eps=1e-3, weight_decay=0.1, weight_decay_mode="decouple"),
