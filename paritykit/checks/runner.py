@@ -249,9 +249,9 @@ def _no_mined_constants() -> Iterator[None]:
     # whatever hypothesis test ran first in this process (in a test suite, a plain @given test with
     # mining on): a fresh cache for the property, so that those never reach its draws.
     cache = getattr(providers, "CONSTANTS_CACHE", None)
-    fresh = {} if cache is None else type(cache)(getattr(cache, "max_size", 1024))
-    with replaced(providers, "_get_local_constants", lambda _original: lambda: empty), \
-            replaced(providers, "CONSTANTS_CACHE", lambda _original: fresh) if cache is not None else contextlib.nullcontext():
+    fresh_cache = contextlib.nullcontext() if cache is None else replaced(
+        providers, "CONSTANTS_CACHE", lambda original: type(original)(getattr(original, "max_size", 1024)))
+    with replaced(providers, "_get_local_constants", lambda _original: lambda: empty), fresh_cache:
         yield
 
 
