@@ -2,9 +2,12 @@
 repository (repros/), and one per finding of a gate report.
 
 Each known-issue script runs here on the installed stack and must agree with known_issues.toml: exit
-1 (it reproduces) where its entry applies, exit 0 where the entry says it is fixed. The script's oracle
-is shown right on configurations torchrec computes right (exit 0), and shown to catch a planted bug
-applied in every process it spawns (``paritykit plant``).
+1 (it reproduces) where its entry applies, exit 0 where the entry says it is fixed. A generated
+script (a sharded configuration a check registers) is what `paritykit repro` writes; its oracle is
+shown right on configurations torchrec computes right (exit 0), and shown to catch a planted bug
+applied in every process it spawns (``paritykit plant``). A hand-written script (a checkpoint, a
+pipeline, an op) shows its oracle right with ``--control``: the nearest configuration torchrec
+computes right, which must pass on every stack.
 """
 
 import ast
@@ -22,13 +25,17 @@ from paritykit.harness.versions import installed_versions
 
 ROOT = Path(__file__).resolve().parent.parent
 REPROS = ROOT / "repros"
-ALLOWED_IMPORTS = {"datetime", "json", "os", "sys", "tempfile", "traceback", "zlib", "dataclasses", "torch", "torchrec", "tensordict"}
+ALLOWED_IMPORTS = {"argparse", "dataclasses", "datetime", "json", "math", "os", "sys", "tempfile", "traceback", "zlib",
+                   "torch", "torchrec", "tensordict"}
 ENTRIES = {issue.id: issue for issue in known_issues.load() if issue.id}
+GENERATED = {i for i, k in known_configurations.registered().items() if k.reproduction is not None}
+HANDWRITTEN = sorted(set(ENTRIES) - GENERATED)
 SCRIPT_TIMEOUT_S = 600
 
 
-def run_script(path: Path, *prefix: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, sys.executable, str(path)], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S)
+def run_script(path: Path, *prefix: str, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, sys.executable, str(path), *args], capture_output=True, text=True,
+                          timeout=SCRIPT_TIMEOUT_S)
 
 
 def imported_modules(text: str) -> set[str]:
@@ -41,13 +48,13 @@ def imported_modules(text: str) -> set[str]:
     return found
 
 
-def test_every_known_issue_has_a_script_in_the_repository_and_nothing_else_is_there():
-    with_reproduction = {i for i, k in known_configurations.registered().items() if k.reproduction is not None}
-    assert with_reproduction == set(ENTRIES)
+def test_every_known_issue_has_an_id_and_a_script_in_the_repository_and_nothing_else_is_there():
+    assert [issue.case for issue in known_issues.load() if not issue.id] == []
+    assert GENERATED <= set(ENTRIES)
     assert {p.stem for p in REPROS.glob("*.py")} == set(ENTRIES)
 
 
-@pytest.mark.parametrize("issue_id", sorted(ENTRIES))
+@pytest.mark.parametrize("issue_id", sorted(GENERATED))
 def test_the_committed_script_is_what_paritykit_repro_writes_and_imports_torch_and_torchrec_only(issue_id):
     text = (REPROS / f"{issue_id}.py").read_text()
     assert text == script_text(known_configurations.reproduction(issue_id), known_issue_title(issue_id)), (
@@ -66,6 +73,23 @@ def test_the_known_issue_script_reproduces_exactly_where_its_entry_says(issue_id
         assert (result.returncode, result.stdout.split(":")[0]) == (1, "REPRODUCED"), result.stdout + result.stderr[-3000:]
     else:  # fixed on this stack
         assert (result.returncode, result.stdout.split(":")[0]) == (0, "OK"), result.stdout + result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("issue_id", HANDWRITTEN)
+def test_a_hand_written_script_names_its_issue_imports_torch_and_torchrec_only_and_is_what_repro_gives(issue_id, capsys):
+    from paritykit.gate import cli
+
+    text = (REPROS / f"{issue_id}.py").read_text()
+    assert ast.get_docstring(ast.parse(text)).startswith(f"Known torchrec issue {issue_id} ")
+    assert imported_modules(text) <= ALLOWED_IMPORTS
+    assert cli.main(["repro", issue_id]) == 0
+    assert capsys.readouterr().out == text
+
+
+@pytest.mark.parametrize("issue_id", HANDWRITTEN)
+def test_a_hand_written_script_passes_its_control_a_configuration_torchrec_computes_right(issue_id):
+    result = run_script(REPROS / f"{issue_id}.py", args=("--control",))
+    assert (result.returncode, result.stdout.split(":")[0]) == (0, "OK"), result.stdout + result.stderr[-3000:]
 
 
 def pinned_configuration(index: int):

@@ -18,6 +18,9 @@ from paritykit.errors import HarnessError
 from paritykit.harness.configuration import ShardedConfiguration
 
 TEMPLATE = Path(__file__).with_name("repro_template.py")
+# Known issues that are not a sharded configuration (a checkpoint, a pipeline, an op) have hand-written
+# scripts with the same exit codes, kept only in the repository's repros/ (next to the package).
+REPOSITORY_REPROS = Path(__file__).resolve().parents[2] / "repros"
 CONFIG_LINE = "CONFIG: dict = {}  # the configuration, written in when the script is generated"
 TITLE_LINE = "TITLE"
 EXIT_MATCHES, EXIT_REPRODUCED, EXIT_CANNOT_RUN = 0, 1, 2
@@ -36,6 +39,16 @@ def script_text(configuration: ShardedConfiguration | dict, title: str) -> str:
     title = title.replace(chr(34) * 3, chr(39) * 3)
     wrapped = "\n".join(textwrap.fill(line, 100) if line else "" for line in title.strip().splitlines())
     return body.replace(f"\n{TITLE_LINE}\n", f"\n{wrapped.replace(chr(92), chr(92) * 2)}\n", 1)
+
+
+def handwritten_script(issue_id: str) -> str:
+    """The committed script of a known issue whose reproduction is hand-written."""
+    path = REPOSITORY_REPROS / f"{issue_id}.py"
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise HarnessError(f"known issue {issue_id!r} has a hand-written reproduction, repros/{issue_id}.py in paritykit's "
+                           f"repository; it is not next to this installation ({exc})") from exc
 
 
 def write_script(path: Path, configuration: ShardedConfiguration | dict, title: str) -> Path:

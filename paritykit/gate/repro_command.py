@@ -18,7 +18,7 @@ from pathlib import Path
 from paritykit.errors import HarnessError
 from paritykit.gate.findings import Finding
 from paritykit.gate.outputs import require_writable_file
-from paritykit.gate.repro import script_text, write_script
+from paritykit.gate.repro import handwritten_script, script_text, write_script
 
 PLANT_SITE = Path(__file__).with_name("plant_site")
 PLANTS_ENV = "PARITYKIT_PLANTS"
@@ -75,29 +75,44 @@ def _from_report(case: str, source: Path | None) -> tuple[dict, str]:
     return result.configuration, title
 
 
+def _known_issue_script(issue_id: str, templated: dict) -> str | None:
+    """The script of a known issue's id: written from its registered configuration, or the committed
+    hand-written one; None for something that is not a known issue's id."""
+    from paritykit.checks import known_configurations, known_issues
+
+    if issue_id in templated:
+        return script_text(known_configurations.reproduction(issue_id), known_issue_title(issue_id))
+    if any(issue.id == issue_id for issue in known_issues.load(known_issues.active_file())):
+        return handwritten_script(issue_id)
+    return None
+
+
 def run_repro(args: argparse.Namespace) -> int:
-    from paritykit.checks import known_configurations
+    from paritykit.checks import known_configurations, known_issues
 
     known = known_configurations.registered()
+    templated = {i: k for i, k in known.items() if k.reproduction is not None}
     if args.list:
-        for issue_id in sorted(i for i, k in known.items() if k.reproduction is not None):
-            print(f"{issue_id:<44} {known[issue_id].check}")
+        for issue in sorted((i for i in known_issues.load(known_issues.active_file()) if i.id), key=lambda i: i.id):
+            print(f"{issue.id:<48} {issue.check:<12} {'generated' if issue.id in templated else 'hand-written'}")
         return 0
     if not args.case:
         raise HarnessError("paritykit repro CASE: give a known issue's id (--list), or a finding or case id with --from REPORT")
-    if args.case in known and args.source is None:
-        configuration, title = known_configurations.reproduction(args.case), known_issue_title(args.case)
-    elif args.source is None and not Path("report.json").exists():
-        raise HarnessError(f"{args.case!r} is not a known issue's id (`paritykit repro --list`), and no report was given "
-                           "(--from REPORT) to find it in as a finding or a case")
-    else:
+    text = _known_issue_script(args.case, templated) if args.source is None else None
+    if text is None:
+        if args.source is None and not Path("report.json").exists():
+            raise HarnessError(f"{args.case!r} is not a known issue's id (`paritykit repro --list`), and no report was given "
+                               "(--from REPORT) to find it in as a finding or a case")
         configuration, title = _from_report(args.case, args.source)
+        text = script_text(configuration, title)
     if args.output is None:
-        sys.stdout.write(script_text(configuration, title))
+        sys.stdout.write(text)
         return 0
     require_writable_file(args.output, "-o")
-    print(f"wrote {write_script(args.output, configuration, title)}: run it with the python that has torch and "
-          "torchrec; exit 0 when the sharded module matches the unsharded one, 1 when it does not", file=sys.stderr)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(f"wrote {args.output}: run it with the python that has torch and torchrec; exit 0 when torchrec computes "
+          "what its oracle says, 1 when it does not (it prints what differs), 2 when it cannot run", file=sys.stderr)
     return 0
 
 
