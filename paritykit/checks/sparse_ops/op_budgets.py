@@ -17,6 +17,9 @@ torchrec/modules/regroup.py):
 * ``JaggedTensor.from_dense`` builds its lengths with ``torch.tensor(list, device=...)``: a blocking
   host->device copy. ``from_dense_lengths`` selects with a boolean mask (``values[mask]``), whose
   output size needs the data: once for the values, once more for weights.
+* An op on a KJT that knows its length_per_key hands it on (``concat``, ``flatten_lengths``,
+  ``split``, ``to``): its results' ``length_per_key()`` makes 0 syncs. A pytree round trip keeps the
+  tensors only, so the rebuilt KJT computes it again: 1.
 * Everything else only slices, concatenates or moves tensors whose sizes are host metadata: 0.
 """
 
@@ -121,6 +124,22 @@ def _concat(device: torch.device) -> Callable[[], Any]:
     return lambda: KeyedJaggedTensor.concat(kjts)
 
 
+def _carried(op: Callable[[Any, Any], Any], vbe: bool = False) -> Callable[[torch.device], Callable[[], Any]]:
+    """The op on KJTs that know their length_per_key, then each result's length_per_key(): 0 syncs
+    when the op hands the metadata on (the input dist asks every batch's KJT for it)."""
+    def prepare(device: torch.device) -> Callable[[], Any]:
+        first, second = (vbe_kjt(device, True), vbe_kjt(device, True)) if vbe else (
+            device_kjt(device, True, weighted=True), device_kjt(device, True, weighted=True))
+
+        def region() -> list:
+            out = op(first, second)
+            return [kjt.length_per_key() for kjt in (out if isinstance(out, list) else [out])]
+
+        return region
+
+    return prepare
+
+
 def _dist_init(vbe: bool) -> Callable[[torch.device], Callable[[], Any]]:
     def prepare(device: torch.device) -> Callable[[], Any]:
         # Two ranks sent the same batch; the received tensors are on the device, rank-major.
@@ -173,6 +192,15 @@ def op_budgets() -> tuple[OpBudget, ...]:
         OpBudget("kjt.from_offsets_sync", _from_offsets_sync, (PER_KEY,)),
         OpBudget("kjt.from_jt_dict.device_jts", _from_device_jts, (PER_KEY,)),
         OpBudget("kjt.concat", _concat),
+        OpBudget("kjt.concat.carries_length_per_key", _carried(lambda k, other: KeyedJaggedTensor.concat([k, other]))),
+        OpBudget("kjt.flatten_lengths.carries_length_per_key", _carried(lambda k, _: k.flatten_lengths())),
+        OpBudget("kjt.split.carries_length_per_key", _carried(lambda k, _: k.split([1, 2]))),
+        OpBudget("kjt.to.carries_length_per_key", _carried(lambda k, _: k.to(k.device()))),
+        OpBudget("kjt.pytree.drops_length_per_key", _carried(lambda k, _: _pytree_round_trip(k)), (PER_KEY,)),
+        OpBudget("vbe_kjt.concat.carries_length_per_key", _carried(lambda k, other: KeyedJaggedTensor.concat([k, other]), True)),
+        OpBudget("vbe_kjt.flatten_lengths.carries_length_per_key", _carried(lambda k, _: k.flatten_lengths(), True)),
+        OpBudget("vbe_kjt.split.carries_length_per_key", _carried(lambda k, _: k.split([1, 2]), True)),
+        OpBudget("vbe_kjt.pytree.drops_length_per_key", _carried(lambda k, _: _pytree_round_trip(k), True), (VBE_PER_KEY,)),
         OpBudget("kjt.empty", lambda device: lambda: KeyedJaggedTensor.empty(device=device)),
         OpBudget("kjt.empty_like", _kjt_op(KeyedJaggedTensor.empty_like, metadata=False)),
         OpBudget("kjt.offset_per_key.without_metadata", _kjt_op(lambda k: k.offset_per_key(), False), (PER_KEY,)),
