@@ -5,9 +5,11 @@ iterator; and the hybrid pipeline switching between training and evaluation.
 rest), and runs: A through the pipeline, but after ``detach_after`` steps ``detach()`` it, train one
 plain step on the side batch with the model it returned, and ``attach()`` it again (the batches in
 flight stay queued); once A is used up, ``detach()`` and ``attach()`` again (attaching after the end)
-and ``reset()``; then B through the same pipeline. Every step trains, so the plain loop it must equal
-is the plain loop over ``lifecycle_order``: A[:detach_after], side, A[detach_after:], B. A pipeline
-without ``detach`` (TrainPipelineBase) only resets between A (with the side batch last) and B.
+and ``reset()``; then B through the same pipeline, its first half on one iterator and the rest on a
+new one without a reset (a training loop's next epoch: the pipeline must take the new data, not stay
+exhausted). Every step trains, so the plain loop it must equal is the plain loop over
+``lifecycle_order``: A[:detach_after], side, A[detach_after:], B. A pipeline without ``detach``
+(TrainPipelineBase) only resets between A (with the side batch last) and B.
 
 ``HybridDrive`` runs TrainEvalHybridPipelineBase over phases: trains on the first, evaluates the
 second (``model.eval()``: forward only), trains on the third, each phase on its own iterator; its
@@ -81,7 +83,9 @@ class LifecycleDrive:
         outputs += progress_all(pipeline, data, len(part_a), self.pipeline)
         pipeline.attach(pipeline.detach())  # attaching once the pipeline has run dry
         pipeline.reset()
-        return outputs + progress_all(pipeline, iter(part_b), len(part_b), self.pipeline)
+        half = (len(part_b) + 1) // 2
+        outputs += progress_all(pipeline, iter(part_b[:half]), half, self.pipeline)
+        return outputs + progress_all(pipeline, iter(part_b[half:]), len(part_b) - half, f"{self.pipeline} (next epoch)")
 
 
 @dataclass(frozen=True)

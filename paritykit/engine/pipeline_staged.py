@@ -6,7 +6,12 @@ torchrec's sparse data dist (and, with ``lookup_ahead``, the embedding lookup: s
 lookup of batch i+1 precedes the backward of batch i). ``progress()`` returns the batch for the
 training loop, which runs zero_grad, forward, backward and step itself; ``None`` when the data is
 used up. ``flush_after`` asks the pipeline to flush (finish what is in flight, then refill) after
-that many steps: the sequence of trained batches must not change.
+that many steps: the sequence of trained batches must not change. ``epochs`` splits the batches into
+that many passes, each a new iterator handed to the same pipeline once the last one ran dry (a
+training loop's epochs): the pipeline must take the new data, not stay exhausted. Between epochs the
+drive calls ``flush_end()`` (the pipeline refills from the new iterator) unless ``refill_between_epochs``
+is off: then the first ``progress()`` of the next epoch returns None while the pipeline refills, which
+torchrec documents as "the iterator is depleted" (known issue ``staged-pipeline-next-epoch-returns-none``).
 
 The plain loop it is held to is ``StagedDrive(plain=True)``: the same transform, then zero_grad,
 forward, backward and step on every batch in order.
@@ -56,6 +61,8 @@ class StagedDrive:
     lookup_ahead: bool = False
     flush_after: int | None = None
     plain: bool = False
+    epochs: int = 1
+    refill_between_epochs: bool = True
 
     def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
         if self.plain:
@@ -75,10 +82,16 @@ class StagedDrive:
             sdd.start_sparse_data_dist_stage(),
         ] + ([sdd.start_embedding_lookup_stage()] if self.lookup_ahead else [])
         pipeline = StagedTrainPipeline(stages)
+        cuts = [len(batches) * e // self.epochs for e in range(self.epochs + 1)]
+        outputs: list[Any] = []
         try:
-            return self._train(pipeline, model, optimizer, iter(batches), len(batches))
+            for start, end in zip(cuts, cuts[1:]):
+                if start and self.refill_between_epochs:
+                    pipeline.flush_end()
+                outputs += self._train(pipeline, model, optimizer, iter(batches[start:end]), end - start)
         finally:
             sdd.detach()
+        return outputs
 
     def _train(self, pipeline: Any, model: Any, optimizer: Any, data: Any, count: int) -> list[Any]:
         outputs: list[Any] = []

@@ -8,11 +8,11 @@ crosses ranks).
 | ``nested/postproc-and-tracing`` | KJTs in a dict and a list, one behind a post-processing module | the same |
 | ``dlrm/eval-pipelines`` | the eval pipelines, a flaky dataloader | the plain eval loop (exact), anchored to the unsharded eval forward; state untouched |
 | ``dlrm/gradient-accumulation`` | GradientAccumulationWrapper, two epochs | the plain accumulating loop |
-| ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, lookup ahead | the plain loop |
-| ``dlrm/lifecycle`` | detach, attach, reset; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
+| ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, two epochs, lookup ahead | the plain loop |
+| ``dlrm/lifecycle`` | detach, attach, reset, a next epoch; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
 
-And, on two or more ranks, two known-broken cases (``known_issues.toml``): the same comparisons
+And, on two or more ranks, three known-broken cases (``known_issues.toml``): the same comparisons
 where torchrec breaks them.
 """
 
@@ -35,6 +35,7 @@ from paritykit.checks.pipeline.surface_runs import (
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
 from paritykit.dist import PoolProvider
+from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of, builtin_setup
 from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, STOPS_WITH_DATA, available
 
@@ -95,6 +96,9 @@ def known_broken_bodies(config: GateConfig, world_size: int) -> dict[str, Callab
         "known-broken gradient-accumulation-flush-without-sync": lambda pool: gradient_accumulation(
             pool, dlrm(), ("sparse_dist",), epochs=(3,), mark_last=False),
         "known-broken bwd-opt-steps-before-ddp-allreduce": lambda pool: backward_optimizer(pool, dlrm()),
+        # A training loop that stops at the first None: the second epoch trains nothing.
+        "known-broken staged-pipeline-next-epoch-returns-none": lambda pool: staged(
+            pool, dlrm(), DEFAULT_SEMI_SYNC_BOUNDS, (("staged:two_epochs", StagedDrive(epochs=2, refill_between_epochs=False)),)),
     }
 
 

@@ -95,11 +95,14 @@ def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str,
     return metrics
 
 
-def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any) -> dict[str, Any]:
+STAGED_DRIVES = (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
+                 ("staged:two_epochs", StagedDrive(epochs=2)), ("staged:lookup_ahead", StagedDrive(lookup_ahead=True)))
+
+
+def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any, drives: tuple = STAGED_DRIVES) -> dict[str, Any]:
     plain = run_driven(pool, setup, StagedDrive(plain=True), "plain[staged]")
     metrics = {}
-    for name, drive in (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
-                        ("staged:lookup_ahead", StagedDrive(lookup_ahead=True))):
+    for name, drive in drives:
         record = run_driven(pool, setup, drive, name)
         if drive.lookup_ahead:
             # The lookup of batch i+1 runs before batch i's backward: semi-synchronous from batch 1 on.
