@@ -148,6 +148,7 @@ def run_rank(rank: int, control: bool, scratch: str) -> None:
         json.dump(result, file)
     if result.get("raised") or result.get("error"):
         sys.exit(1)  # the other ranks may wait in a collective: torch.multiprocessing ends them
+    dist.barrier()  # no rank tears its process group down while another still uses it
     dist.destroy_process_group()
 
 
