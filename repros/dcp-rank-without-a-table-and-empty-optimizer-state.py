@@ -1,0 +1,320 @@
+"""Known torchrec issue dcp-rank-without-a-table-and-empty-optimizer-state (listed for torchrec >=1.8,<1.10).
+
+torch.distributed.checkpoint cannot load a DMP checkpoint on a rank that holds no shard of some table
+(table-wise or column-wise placements) when an optimizer state dict on that rank holds an empty dict
+(the fused SGD optimizer's state of every table, a stateless dense optimizer, a rank with no fused
+table) or a list (param groups saved with save_param_groups(True)): DCP's flattening leaves out the
+sharded tables the rank does not hold, takes the missing keys for a pre-2.4 checkpoint, re-flattens
+the empty dicts and lists as keys and fails with 'Missing key in checkpoint state_dict'; torchrec's
+fused optimizer state dict also lists only the tables a rank holds, where DCP asks every rank for the
+same keys.
+
+What to do instead: give every table a stateful optimizer (Adagrad, Adam, row-wise Adagrad), or
+checkpoint each rank with torch.save on the same plan.
+
+The script spawns 2 ranks (torch.multiprocessing, gloo on the CPU). It builds an EmbeddingBagCollection
+of two 8 x 8 tables (t0 reads f0, t1 reads f1), each placed table-wise on its own rank (rank 0 holds no
+shard of t1, rank 1 none of t0), trained with fused SGD (apply_optimizer_in_backward). It trains one
+step, saves {"model": dmp.state_dict(), "fused": dmp.fused_optimizer.state_dict()} with
+torch.distributed.checkpoint, builds a fresh DMP of the same plan with other weights, loads the
+checkpoint into it (dcp.load, then load_state_dict) and trains the second step.
+--control: the same with fused Adagrad, whose state dict holds a tensor for every table it trains.
+
+The oracle is the unsharded EBC trained with torch.optim.SGD (or torch.optim.Adagrad) on every rank's
+batch (the ranks' losses summed, gradients divided by the world size, as torchrec divides them): the
+reloaded tables (and Adagrad's sums) must equal it after step 0, the tables after step 1 too. Bound:
+|sharded - unsharded| <= 64 units of roundoff x (|unsharded| + max|unsharded|): fbgemm's kernels sum in
+another order than torch's, a few roundings per step; a lost checkpoint is off by O(1).
+
+    exit 0: the round trip matches the unsharded model (OK)
+    exit 1: it does not, or torchrec / torch.distributed.checkpoint raised (REPRODUCED)
+    exit 2: the script itself could not run (CANNOT RUN)
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import traceback
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD_SIZE = 2
+LR = 0.1
+ROWS, DIM = 8, 8
+TABLES = ("t0", "t1")  # table t<i> reads feature f<i>
+# STEPS[step][rank]: that rank's batch, {feature: rows of ids}.
+STEPS = [
+    [{"f0": [[1, 2], [], [3]], "f1": [[], [4], [2, 7]]}, {"f0": [[4], [5, 6], []], "f1": [[1], [], [3]]}],
+    [{"f0": [[4], [5, 6], []], "f1": [[1], [], [3]]}, {"f0": [[7], [0, 0, 1], [2]], "f1": [[3, 3], [6], []]}],
+]
+SAVE_AFTER = 1
+PLAN = {"t0": ("table_wise", 0), "t1": ("table_wise", 1)}
+UNITS_OF_ROUNDOFF = 64
+DEADLINE_S = 240
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--control", action="store_true", help="the nearest configuration torchrec gets right")
+    control = parser.parse_args().control
+    with tempfile.TemporaryDirectory(prefix="torchrec-repro-") as scratch:
+        ended = spawn(control, scratch)
+        results = [read_result(scratch, rank) for rank in range(WORLD_SIZE)]
+    return verdict(results, ended, control)
+
+
+def spawn(control: bool, scratch: str) -> str:
+    """Runs the ranks; ends them all at the deadline. Returns how the spawn ended when not cleanly."""
+    context = mp.start_processes(run_rank, args=(control, scratch), nprocs=WORLD_SIZE, join=False, start_method="spawn")
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=DEADLINE_S)
+    try:
+        while not context.join(timeout=2):
+            if datetime.datetime.now() > deadline:
+                for process in context.processes:
+                    process.kill()
+                return f"the ranks did not finish within {DEADLINE_S} s"
+    except Exception as exc:  # a rank exited early (it wrote why); the others were ended
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return ""
+
+
+def read_result(scratch: str, rank: int) -> dict:
+    try:
+        with open(os.path.join(scratch, f"rank{rank}.json")) as file:
+            return json.load(file)
+    except OSError:
+        return {"rank": rank, "missing": True}
+
+
+def verdict(results: list, ended: str, control: bool) -> int:
+    what = "fused Adagrad (control)" if control else "fused SGD"
+    raised = [r for r in results if r.get("raised")]
+    problems = [p for r in results for p in r.get("problems", [])]
+    if raised:
+        first = raised[0]
+        print(f"REPRODUCED: {first['raised']} (rank {first['rank']}, {first['stage']}, {what}, in {first['where']})")
+        return 1
+    if problems:
+        print(f"REPRODUCED: the reloaded model differs from the unsharded one ({what}); {len(problems)} difference(s):")
+        print("\n".join(f"  {p}" for p in problems[:6]))
+        return 1
+    errors = [r for r in results if r.get("error") or r.get("missing")]
+    if errors or ended:
+        print("CANNOT RUN: " + "; ".join(f"rank {r['rank']}: " + (r.get("error") or "wrote no result") for r in errors) + f" {ended}")
+        for r in errors:
+            print(r.get("traceback", ""), file=sys.stderr)
+        return 2
+    compared = sum(r["compared"] for r in results)
+    print(f"OK: a DCP round trip of table-wise tables with {what} matches the unsharded model ({compared} tensors compared)")
+    return 0
+
+
+def run_rank(rank: int, control: bool, scratch: str) -> None:
+    result = {"rank": rank, "problems": [], "compared": 0, "stage": "starting the process group"}
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=WORLD_SIZE,
+                                timeout=datetime.timedelta(seconds=60))
+        optimizer = "adagrad" if control else "sgd"
+        result["stage"] = "training the unsharded reference"
+        reference = train_unsharded(optimizer)
+        result["stage"] = "training the sharded model before the save"
+        dmp = shard(optimizer, seed=1)
+        for step in range(SAVE_AFTER):
+            train_step(dmp, step, rank)
+        result["stage"] = "saving the checkpoint (dcp.save)"
+        save(dmp, os.path.join(scratch, "checkpoint"))
+        result["stage"] = "loading the checkpoint into a fresh DMP (dcp.load, load_state_dict)"
+        fresh = shard(optimizer, seed=2)  # other weights: a table the load misses cannot pass
+        load(fresh, os.path.join(scratch, "checkpoint"))
+        compare_model(result, fresh, reference[SAVE_AFTER - 1], f"after the reload (the state after step {SAVE_AFTER - 1})")
+        result["stage"] = "training the reloaded model"
+        for step in range(SAVE_AFTER, len(STEPS)):
+            train_step(fresh, step, rank)
+            compare_model(result, fresh, reference[step], f"after step {step}")
+        result.pop("stage")
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        where = library_frame(exc)
+        # Raised inside torchrec, fbgemm or torch.distributed.checkpoint: a reproduction. Elsewhere: this script failed.
+        result.update({"raised" if where else "error": f"{type(exc).__name__}: {first_lines(str(exc))}", "where": where,
+                       "traceback": traceback.format_exc(limit=-8)})
+    with open(os.path.join(scratch, f"rank{rank}.json"), "w") as file:
+        json.dump(result, file)
+    if result.get("raised") or result.get("error"):
+        sys.exit(1)  # the other ranks may wait in a collective: torch.multiprocessing ends them
+    dist.barrier()  # no rank tears its process group down while another still uses it
+    dist.destroy_process_group()
+
+
+def library_frame(exc: BaseException) -> str:
+    """The innermost frame of torchrec, fbgemm or torch.distributed.checkpoint in the traceback ("" if none)."""
+    marks = (f"{os.sep}torchrec{os.sep}", f"{os.sep}fbgemm_gpu{os.sep}", f"{os.sep}distributed{os.sep}checkpoint{os.sep}")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(mark in f.filename for mark in marks)]
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+
+
+def first_lines(text: str, count: int = 3) -> str:
+    # DCP's exception repeats every rank's traceback: the reason is on its first lines.
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith((" ", "Traceback"))]
+    return " | ".join(lines[:count])
+
+
+# ---------------------------------------------------------------- the model, its batches and its loss
+
+
+def build_ebc(seed: int):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [EmbeddingBagConfig(name=t, num_embeddings=ROWS, embedding_dim=DIM, feature_names=[f"f{t[1:]}"]) for t in TABLES]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    with torch.no_grad():
+        for key, value in ebc.state_dict().items():
+            value.copy_(initial_weight(key, seed))
+    return ebc
+
+
+def initial_weight(key: str, seed: int) -> torch.Tensor:
+    return torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(zlib.crc32(f"{key}/{seed}".encode())))
+
+
+def kjt(batch: dict):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys = sorted(batch)
+    return KeyedJaggedTensor(keys=keys, values=torch.tensor([v for k in keys for row in batch[k] for v in row], dtype=torch.int64),
+                             lengths=torch.tensor([len(row) for k in keys for row in batch[k]], dtype=torch.int32))
+
+
+def loss_of(pooled) -> torch.Tensor:
+    """A fixed function of every pooled element: each gets its own upstream gradient."""
+    total = torch.zeros(())
+    for key, value in sorted(pooled.to_dict().items()):
+        weights = torch.randn(value.shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))
+        total = total + (value * weights).sum()
+    return total
+
+
+def torch_optimizer(name: str):
+    return (torch.optim.SGD, {"lr": LR}) if name == "sgd" else (torch.optim.Adagrad, {"lr": LR, "eps": 1e-8})
+
+
+# ---------------------------------------------------------------- the unsharded reference
+
+
+def train_unsharded(optimizer: str) -> list:
+    """Per step: {state key: full tensor} of the tables and of Adagrad's sums ("<key>/sum") after it."""
+    from torchrec.distributed import comm_ops
+
+    ebc = build_ebc(seed=1)
+    cls, kwargs = torch_optimizer(optimizer)
+    opt = cls(ebc.parameters(), **kwargs)
+    division = 1.0 / WORLD_SIZE if comm_ops.get_gradient_division() else 1.0
+    records = []
+    for step in STEPS:
+        opt.zero_grad()
+        torch.stack([loss_of(ebc(kjt(batch))) for batch in step]).sum().backward()
+        with torch.no_grad():
+            for param in ebc.parameters():
+                param.grad.mul_(division)
+        opt.step()
+        named = dict(ebc.named_parameters())
+        record = {key: value.detach().clone() for key, value in named.items()}
+        record.update({f"{key}/sum": opt.state[value]["sum"].clone() for key, value in named.items() if "sum" in opt.state[value]})
+        records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------- the sharded model and its checkpoint
+
+
+def shard(optimizer: str, seed: int):
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, get_default_sharders
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    ebc = build_ebc(seed)
+    cls, kwargs = torch_optimizer(optimizer)
+    apply_optimizer_in_backward(cls, ebc.parameters(), kwargs)
+    generators = {t: sp.table_wise(rank=rank, compute_kernel="fused") for t, (_, rank) in PLAN.items()}
+    plan = construct_module_sharding_plan(ebc, generators, local_size=WORLD_SIZE, world_size=WORLD_SIZE, device_type="cpu")
+    dmp = DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+                                   plan=ShardingPlan({"": plan}), sharders=get_default_sharders())
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            for piece, window in local_pieces(value):
+                piece.copy_(initial_weight(key, seed)[window])
+    return dmp
+
+
+def train_step(dmp, step: int, rank: int) -> None:
+    loss_of(dmp(kjt(STEPS[step][rank])).wait()).backward()  # the fused optimizer steps inside the backward
+
+
+def entries(dmp) -> dict:
+    return {"model": dmp.state_dict(), "fused": dmp.fused_optimizer.state_dict()}
+
+
+def save(dmp, directory: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(entries(dmp), storage_writer=dcp.FileSystemWriter(directory))
+
+
+def load(dmp, directory: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = entries(dmp)
+    dcp.load(state, storage_reader=dcp.FileSystemReader(directory))
+    dmp.load_state_dict(state["model"])
+    dmp.fused_optimizer.load_state_dict(state["fused"])
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+def local_pieces(value):
+    """(this rank's tensor, its window in the full tensor) for every local shard of a ShardedTensor, or the tensor."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if not isinstance(value, ShardedTensor):
+        yield value, tuple(slice(0, n) for n in value.shape)
+        return
+    for piece in value.local_shards():
+        meta = piece.metadata
+        yield piece.tensor, tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
+
+
+def compare_model(result: dict, dmp, expected: dict, when: str) -> None:
+    """This rank's table shards and fused-optimizer state against the unsharded reference's."""
+    for key, value in dmp.state_dict().items():
+        compare(result, f"{when}, {key}", value, expected[key])
+    for param, state in dmp.fused_optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and name.endswith("momentum1"):  # Adagrad's sum of squared gradients
+                compare(result, f"{when}, fused state {name}", value, expected[f"{param}/sum"])
+
+
+def compare(result: dict, what: str, value, full: torch.Tensor) -> None:
+    for piece, window in local_pieces(value):
+        result["compared"] += 1
+        actual, wanted = piece.detach().double(), full[window].double()
+        bound = UNITS_OF_ROUNDOFF * torch.finfo(torch.float32).eps / 2 * (wanted.abs() + wanted.abs().max())
+        bad = (actual - wanted).abs() > bound
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            at = [w.start + i for w, i in zip(window, index)]
+            result["problems"].append(f"rank {result['rank']}, {what}: {int(bad.sum())} of {bad.numel()} elements differ, "
+                                      f"first at {at}: {actual[index].item():.6g} vs unsharded {wanted[index].item():.6g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
