@@ -1,0 +1,227 @@
+"""A standalone reproduction of a TorchRec defect. It needs torch and torchrec only.
+
+Known torchrec issue bwd-opt-steps-before-ddp-allreduce (listed for torchrec >=1.8,<1.10).
+
+TrainPipelineSparseDistBwdOpt steps the dense optimizer from a backward hook on an embedding
+module's output-dist tensor, before DDP (DMP's data-parallel wrapper) has all-reduced the dense
+gradients at the end of backward: each rank steps with its own gradients and the replicated dense
+parameters diverge.
+
+What to do instead: use TrainPipelineSparseDist (the optimizer stepped after backward) on more than
+one rank.
+
+The script spawns 2 ranks (gloo, CPU). Each builds a model of one EmbeddingBagCollection (table t0,
+16 x 4, SUM, table-wise on rank 0, fused SGD lr 0.1 applied in backward) and a dense nn.Linear(4, 1)
+under DistributedModelParallel (DDP over the dense part, dense SGD lr 0.1 through a
+KeyedOptimizerWrapper), and trains it for 3 batches per rank with
+TrainPipelineSparseDistBwdOpt(site_fqn="ebc", sharding_type=TABLE_WISE), progress() until
+StopIteration. Its oracle is the unsharded model on every rank, trained on all ranks' batches with
+the plain meaning of the setup: the per-sample squared-error losses of every rank summed, every
+gradient divided by the world size (DDP's average, torchrec's all-to-all gradient division), one
+SGD step of the table and of the dense layer per batch. After each batch it compares the dense
+weights and each rank's shard of t0 (|a - b| <= 64 units of float32 roundoff x (|b| + max|b|): the
+same sums in another order).
+
+    python this_script.py            TrainPipelineSparseDistBwdOpt
+    python this_script.py --control  TrainPipelineSparseDist: the same model, data and optimizers,
+                                     the dense step after backward
+
+    exit 0: both ranks train like the unsharded model
+    exit 1: they do not, or torchrec raised (the message says where)
+    exit 2: the script itself could not run
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD_SIZE, ROWS, DIM, BATCH, LR, NUM_BATCHES = 2, 16, 4, 3, 0.1, 3
+UNITS_OF_ROUNDOFF = 64
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        config = EmbeddingBagConfig(name="t0", num_embeddings=ROWS, embedding_dim=DIM, feature_names=["f0"], pooling=PoolingType.SUM)
+        self.ebc = EmbeddingBagCollection(tables=[config], device=torch.device("cpu"))
+        self.dense = torch.nn.Linear(DIM, 1)
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            self.ebc.embedding_bags["t0"].weight.copy_(torch.randn(ROWS, DIM, generator=g))
+            self.dense.weight.copy_(torch.randn(1, DIM, generator=g))
+            self.dense.bias.zero_()
+
+    def forward(self, batch):
+        logits = self.dense(self.ebc(batch.sparse_features).values()).squeeze(1)
+        return (logits - batch.labels) ** 2, logits.detach()  # per-sample losses, as torchrec's pipelines expect
+
+
+def batch_of(step: int, rank: int):
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    lengths = torch.randint(1, 4, (BATCH,), generator=g)
+    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+    sparse = KeyedJaggedTensor(keys=["f0"], values=values, lengths=lengths.int())
+    return Batch(dense_features=torch.zeros(BATCH, 1), sparse_features=sparse, labels=torch.randn(BATCH, generator=g))
+
+
+def reference() -> list:
+    """(table, dense weight, dense bias) after each batch, unsharded, on every rank's batches."""
+    model = Model()
+    table, weight, bias = model.ebc.embedding_bags["t0"].weight, model.dense.weight, model.dense.bias
+    records = []
+    for step in range(NUM_BATCHES):
+        loss = sum(model(batch_of(step, rank))[0].sum() for rank in range(WORLD_SIZE))
+        grads = torch.autograd.grad(loss, [table, weight, bias])
+        with torch.no_grad():
+            for param, grad in zip((table, weight, bias), grads):
+                param -= LR * grad / WORLD_SIZE
+        records.append(tuple(t.detach().clone() for t in (table, weight, bias)))
+    return records
+
+
+def shard(rank: int):
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, get_default_sharders, table_wise
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    model = Model()
+    initial = model.ebc.embedding_bags["t0"].weight.detach().clone()
+    apply_optimizer_in_backward(torch.optim.SGD, list(model.ebc.parameters()), {"lr": LR})
+    plan = ShardingPlan({"ebc": construct_module_sharding_plan(model.ebc, {"t0": table_wise(rank=0)}, local_size=WORLD_SIZE,
+                                                               world_size=WORLD_SIZE, device_type="cpu")})
+    sharded = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+                                       plan=plan, sharders=get_default_sharders())
+    with torch.no_grad():
+        for piece in local_table(sharded):
+            piece.copy_(initial)  # table-wise: the one shard is the whole table
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(sharded.named_parameters())),
+                                  lambda params: torch.optim.SGD(params, lr=LR))
+    return sharded, dense
+
+
+def local_table(sharded) -> list:
+    return [s.tensor for s in sharded.state_dict()["ebc.embedding_bags.t0.weight"].local_shards()]
+
+
+def snapshot(sharded) -> dict:
+    state = sharded.state_dict()
+    pieces = {"table t0": local_table(sharded), "dense.weight": [state["dense.weight"]], "dense.bias": [state["dense.bias"]]}
+    return {name: [p.detach().clone() for p in tensors] for name, tensors in pieces.items()}
+
+
+def train(rank: int, backward_optimizer: bool) -> list:
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.distributed.train_pipeline.experimental_pipelines import TrainPipelineSparseDistBwdOpt
+    from torchrec.distributed.types import ShardingType
+
+    sharded, dense = shard(rank)
+    if backward_optimizer:
+        pipeline = TrainPipelineSparseDistBwdOpt(sharded, dense, torch.device("cpu"), site_fqn="ebc",
+                                                 sharding_type=ShardingType.TABLE_WISE)
+    else:
+        pipeline = TrainPipelineSparseDist(sharded, dense, torch.device("cpu"))
+    data, records = iter([batch_of(step, rank) for step in range(NUM_BATCHES)]), []
+    while len(records) <= NUM_BATCHES:  # bounded: one call more than there are batches must raise StopIteration
+        try:
+            pipeline.progress(data)
+        except StopIteration:
+            break
+        records.append((len(records), snapshot(sharded)))
+    return records
+
+
+def compare(rank: int, records: list, expected: list) -> list:
+    problems = []
+    for (step, actual), oracle in zip(records, expected):
+        for (name, pieces), want in zip(actual.items(), oracle):
+            for piece in pieces:
+                bound = UNITS_OF_ROUNDOFF * torch.finfo(torch.float32).eps / 2 * (want.abs() + want.abs().max())
+                bad = (piece.detach() - want).abs() > bound
+                if bool(bad.any()):
+                    i = tuple(int(x) for x in bad.nonzero()[0])
+                    problems.append(f"after batch {step}, rank {rank}, {name}{list(i)}: "
+                                    f"{piece[i].item():.8g} vs unsharded {want[i].item():.8g}")
+    return problems
+
+
+def run_rank(rank: int, scratch: str, backward_optimizer: bool) -> None:
+    result, stage = {"rank": rank}, "starting the process group"
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=WORLD_SIZE,
+                                timeout=datetime.timedelta(seconds=60))
+        stage = "computing the unsharded oracle"
+        expected = reference()
+        stage = "training through the pipeline"
+        records = train(rank, backward_optimizer)
+        result.update(problems=compare(rank, records, expected), compared=len(records))
+    except Exception as exc:
+        in_torchrec = stage.startswith("training") and torchrec_frame(exc)
+        result.update({"raised" if in_torchrec else "error": f"{type(exc).__name__}: {exc}", "stage": stage,
+                       "where": torchrec_frame(exc), "traceback": traceback.format_exc(limit=-6)})
+    with open(os.path.join(scratch, f"rank{rank}.json"), "w") as file:
+        json.dump(result, file)
+    if "raised" in result or "error" in result:
+        sys.exit(1)  # a rank left waiting in a collective is ended by torch.multiprocessing
+    dist.destroy_process_group()
+
+
+def torchrec_frame(exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}torchrec{os.sep}" in f.filename
+              or f"{os.sep}fbgemm_gpu{os.sep}" in f.filename]
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    parser.add_argument("--control", action="store_true", help="TrainPipelineSparseDist: the nearest configuration torchrec computes right")
+    backward_optimizer = not parser.parse_args().control
+    how = "TrainPipelineSparseDistBwdOpt" if backward_optimizer else "TrainPipelineSparseDist"
+    with tempfile.TemporaryDirectory(prefix="torchrec-repro-") as scratch:
+        try:
+            mp.spawn(run_rank, args=(scratch, backward_optimizer), nprocs=WORLD_SIZE, join=True)
+        except Exception:  # a rank exited early: its result file says why
+            pass
+        results = []
+        for rank in range(WORLD_SIZE):
+            try:
+                with open(os.path.join(scratch, f"rank{rank}.json")) as file:
+                    results.append(json.load(file))
+            except OSError:
+                results.append({"rank": rank, "error": "no result (the rank was ended)", "stage": "?", "traceback": ""})
+    raised = [r for r in results if "raised" in r]
+    if raised:
+        print(f"REPRODUCED: torchrec raised {raised[0]['raised']} on rank {raised[0]['rank']} in {how}, in {raised[0]['where']}")
+        return 1
+    errors = [r for r in results if "error" in r]
+    if errors:
+        print("CANNOT RUN: " + "; ".join(f"rank {r['rank']} while {r['stage']}: {r['error']}\n{r['traceback']}" for r in errors))
+        return 2
+    problems = [p for r in results for p in r["problems"]]
+    if problems:
+        print(f"REPRODUCED: {how} on {WORLD_SIZE} ranks: the replicated dense layer leaves the unsharded oracle "
+              f"({len(problems)} difference(s)): " + "; ".join(problems[:3]))
+        return 1
+    print(f"OK: {how} trains like the unsharded model on both ranks ({sum(r['compared'] for r in results)} rank-steps compared)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
