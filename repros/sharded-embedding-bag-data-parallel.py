@@ -11,8 +11,8 @@ directory, 60 s timeouts). Each builds a model holding a plain nn.EmbeddingBag (
 mode SUM, include_last_offset=True, weights from a seeded generator), shards it with
 DistributedModelParallel and torchrec's EmbeddingBagSharder data-parallel (the dense kernel, which
 DMP wraps in DDP, trained by torch's SGD, lr 0.1), and runs one training step on its own batch (ids,
-offsets ending with the number of ids, per-id weights). The oracle is the unsharded nn.EmbeddingBag with the same weights: its output
-on the rank's batch, and its table after one SGD step on the sum of both ranks' losses divided by
+offsets ending with the number of ids, per-id weights). The oracle is the unsharded nn.EmbeddingBag
+with the same weights: its output on the rank's batch, and its table after one SGD step on the sum of both ranks' losses divided by
 the world size (torchrec's default gradient division). The loss is sum(output * g), g a fixed
 pattern. Outputs and this rank's part of the table are compared within
 |sharded - unsharded| <= 64 units of float32 roundoff x (|unsharded| + max|unsharded|): a bag sums

@@ -11,8 +11,8 @@ The script spawns 2 ranks (torch.multiprocessing, gloo on CPU, a file:// rendezv
 directory, 60 s timeouts). Each builds a model holding a plain nn.EmbeddingBag (12 rows x 8 columns,
 mode SUM, torch's default include_last_offset=False, weights from a seeded generator), shards it with
 DistributedModelParallel and torchrec's EmbeddingBagSharder (fused SGD, lr 0.1) row-wise, and runs
-one training step on its own batch (ids, torch's default offsets: each bag's start, per-id weights). The oracle is the unsharded nn.EmbeddingBag with the same weights: its output
-on the rank's batch, and its table after one SGD step on the sum of both ranks' losses divided by
+one training step on its own batch (ids, torch's default offsets: each bag's start, per-id weights).
+The oracle is the unsharded nn.EmbeddingBag with the same weights: its output on the rank's batch, and its table after one SGD step on the sum of both ranks' losses divided by
 the world size (torchrec's default gradient division). The loss is sum(output * g), g a fixed
 pattern. Outputs and this rank's part of the table are compared within
 |sharded - unsharded| <= 64 units of float32 roundoff x (|unsharded| + max|unsharded|): a bag sums
