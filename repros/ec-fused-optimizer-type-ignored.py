@@ -132,6 +132,12 @@ def first_difference(what: str, actual: torch.Tensor, expected: torch.Tensor) ->
             f"{actual[at].item():.6g} vs oracle {expected[at].item():.6g}")
 
 
+def raised_in_torchrec(exc: BaseException) -> bool:
+    """Whether the exception came out of torchrec or fbgemm (else this script itself failed)."""
+    return any(f"{os.sep}torchrec{os.sep}" in f.filename or f"{os.sep}fbgemm_gpu{os.sep}" in f.filename
+               for f in traceback.extract_tb(exc.__traceback__)[1:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--control", action="store_true", help="the EmbeddingBagCollection, which torchrec trains right")
@@ -149,6 +155,9 @@ def main() -> int:
         try:
             actual = sharded_run(kind)
         except Exception as exc:
+            if not raised_in_torchrec(exc):
+                print(f"CANNOT RUN: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                return 2
             print(f"REPRODUCED: the sharded {name} raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
             return 1
         finally:
