@@ -101,12 +101,13 @@ def test_a_failing_plan_is_shrunk_to_the_smallest_configuration_that_fails_the_s
     assert "1 rank(s), 1 of 2 step(s), plan (model): {'mean_rows': row_wise(), 'sums': table_wise(0)}" in str(info.value)
 
 
-def test_every_entry_with_an_id_has_its_configurations_registered_and_its_reproduction_matches_it():
+def test_every_registered_configuration_names_an_entry_and_its_reproduction_matches_it():
     registered = known_configurations.registered()
-    # Entries without an id are defects a ShardedConfiguration cannot state (an optimizer's
-    # hyper-parameters, a pipeline, a checkpoint, an op): the gate matches them by case name alone.
+    # Entries not registered are defects a ShardedConfiguration cannot state (an optimizer's
+    # hyper-parameters, a pipeline, a checkpoint, an op): the gate matches them by case name, and
+    # their standalone scripts are hand-written (tests/test_repro.py).
     entries = {issue.id: issue for issue in known_issues.load() if issue.id}
-    assert set(registered) == set(entries)
+    assert set(registered) <= set(entries)
     for issue_id, known in registered.items():
         assert known.check == entries[issue_id].check
         reproduction = known_configurations.reproduction(issue_id)

@@ -134,7 +134,9 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
         raise HarnessError(f"{path} is not valid TOML: {exc}") from exc
     found = []
     for index, entry in enumerate(entries):
-        missing = [key for key in ("file", "operator", "before", "after", "reason") if not entry.get(key)]
+        # ``after`` may be empty (a dropped keyword argument); the rest may not.
+        missing = [key for key in ("file", "operator", "before", "reason") if not entry.get(key)] + (
+            [] if isinstance(entry.get("after"), str) else ["after"])
         if missing:
             raise HarnessError(f"{path}: entry {index} lacks {missing} (an equivalent mutant needs a reason)")
         found.append(Equivalent(**{key: entry[key] for key in ("file", "operator", "before", "after", "reason")}))
