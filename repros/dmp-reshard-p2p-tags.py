@@ -6,7 +6,7 @@ differs between processes (unless they share PYTHONHASHSEED), so on gloo, which 
 receives by tag, the reshard waits forever. Workaround: start every rank with the same
 PYTHONHASHSEED (e.g. export PYTHONHASHSEED=0 before the launcher).
 
-The script starts 2 ranks (torch.multiprocessing "spawn", gloo on CPU, process-group timeout 20 s),
+The script starts 2 ranks (torch.multiprocessing "spawn", gloo on CPU, process-group timeout 15 s),
 each with its own PYTHONHASHSEED (1 and 2: two processes as a launcher gives them, made
 deterministic), builds a model with an EmbeddingBagCollection of t0 (8 x 4, f0) and t1 (8 x 4, f1) (seeded
 torch.randn, SUM pooling, fused SGD) under a dense layer, shards it with DistributedModelParallel (t0 table-wise on rank
@@ -132,7 +132,7 @@ def run_rank(rank: int, scratch: str) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=WORLD_SIZE,
-                                timeout=datetime.timedelta(seconds=20))
+                                timeout=datetime.timedelta(seconds=15))
         result["stage"] = "sharding the module"
         reshard_and_compare(rank, result)
         result["done"] = True

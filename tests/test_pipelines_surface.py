@@ -1,7 +1,7 @@
 """The pipeline check's surface cases: the catalog of torchrec pipelines found by feature, the oracles
 on their own (plain accumulation by hand, the unsharded eval forward, the lifecycle order, the
 hook-order rule, the flaky dataloader), then every surface case passing on the installed torchrec
-and the two known-broken comparisons failing as listed."""
+and the three known-broken comparisons failing as listed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from paritykit.checks.known_issues import load as load_known_issues
+from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS
 from paritykit.checks.pipeline.surface import dlrm_surface_setup, known_broken_bodies, surface_bodies, variant_pipelines
-from paritykit.checks.pipeline.surface_runs import backward_optimizer, gradient_accumulation
+from paritykit.checks.pipeline.surface_runs import backward_optimizer, gradient_accumulation, staged
 from paritykit.checks.runner import GateConfig
 from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of, builtin_setup
 from paritykit.engine.pipeline_accumulation import accumulate_plainly
@@ -21,6 +22,7 @@ from paritykit.engine.pipeline_eval import FlakyBatches, FlakyBatchError, EvalDr
 from paritykit.engine.pipeline_hooks import FORWARD, STEP, check_hook_order
 from paritykit.engine.pipeline_lifecycle import lifecycle_order
 from paritykit.engine.pipeline_runs import RunSpec
+from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.errors import ParityError
 
 CONFIG = GateConfig(world_sizes=(2,))
@@ -154,6 +156,7 @@ def test_every_surface_case_passes_on_the_installed_torchrec(rank_pool):
     staged = metrics["dlrm/staged"]
     # Looking batch i+1 up before batch i's backward is semi-synchronous: not exact, but bounded.
     assert staged["staged:lookup_ahead"]["max_output_diff"] > 0.0 and staged["staged"]["steps"] == 6
+    assert staged["staged:two_epochs"]["steps"] == 6  # refilled with flush_end() between the epochs
     assert set(metrics["dlrm/lifecycle"]) == {"sparse_dist[lifecycle]", "fused:new[lifecycle]", "base[lifecycle]",
                                               "hybrid[train-eval-train]"}
     nested = metrics["nested/postproc-and-tracing"]
@@ -170,6 +173,9 @@ def test_the_known_broken_comparisons_fail_with_diverged_replicas_and_are_listed
     gradient_accumulation(rank_pool, setup, ("sparse_dist",), epochs=(3,), mark_last=True)
     with pytest.raises(ParityError, match=replicas):
         backward_optimizer(rank_pool, setup)
+    # A loop that stops at the first None trains only the first epoch's 3 batches.
+    with pytest.raises(ParityError, match="staged:two_epochs ran 3 steps but plain.staged. ran 6"):
+        staged(rank_pool, setup, DEFAULT_SEMI_SYNC_BOUNDS, (("staged:two_epochs", StagedDrive(epochs=2, refill_between_epochs=False)),))
     listed = [issue for issue in load_known_issues() if issue.check == "pipeline"]
     for name in known_broken_bodies(CONFIG, 2):
         assert any(fnmatch.fnmatch(f"ws2/{name}", issue.case) for issue in listed), name

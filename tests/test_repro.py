@@ -87,6 +87,7 @@ def test_a_hand_written_script_names_its_issue_imports_torch_and_torchrec_only_a
     assert capsys.readouterr().out == text
 
 
+@pytest.mark.slow  # one more run of every hand-written script: the release profile's
 @pytest.mark.parametrize("issue_id", HANDWRITTEN)
 def test_a_hand_written_script_passes_its_control_a_configuration_torchrec_computes_right(issue_id):
     result = run_script(REPROS / f"{issue_id}.py", args=("--control",))

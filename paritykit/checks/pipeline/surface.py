@@ -35,9 +35,9 @@ from paritykit.checks.pipeline.surface_runs import (
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
 from paritykit.dist import PoolProvider
-from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of, builtin_setup
 from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, STOPS_WITH_DATA, available
+from paritykit.engine.pipeline_staged import StagedDrive
 
 NAME = "pipeline"
 SURFACE_BATCHES = 6
