@@ -199,3 +199,22 @@ def test_a_sync_budget_exceeded_is_a_divergence_of_its_own_kind_naming_the_call_
     assert (divergence.stage, divergence.path) == ("syncs", "sync budget")
     assert divergence.detail == "EBC forward: 1 syncs, budget 0, at torchrec.sparse.jagged_tensor._maybe_compute_length_per_key"
     assert str(info.value).startswith("sync budget exceeded in EBC forward: 1 synchronization(s), budget 0")
+
+
+def test_a_plain_embedding_bag_sharded_by_dmp_is_located_with_its_placement():
+    # DMP shards a plain nn.EmbeddingBag as one table, "weight": its divergences carry the placement's
+    # traits, so they group with the same cause's divergences in EBC/EC cases.
+    from types import SimpleNamespace
+
+    from paritykit.engine.divergence import Placements
+
+    model = torch.nn.Module()
+    model.bag = torch.nn.EmbeddingBag(6, 4, mode="mean")
+    model.lookup = torch.nn.Embedding(6, 4)
+    plan = SimpleNamespace(plan={"bag": {"weight": SimpleNamespace(sharding_type="row_wise", compute_kernel="fused")}})
+    places = Placements.of(model, plan)
+    place = places.for_output("bag", "")
+    assert (place.table, place.kind, place.placement()) == ("weight", "embedding_bag", "row_wise MEAN fused")
+    assert places.for_state("bag.weight") is place
+    assert {"sharding=row_wise", "kernel=fused", "pooling=MEAN"} <= place.traits()
+    assert places.for_output("lookup", "") is None  # not in the plan: not sharded, nothing to locate

@@ -35,7 +35,7 @@ class TablePlace:
 
     module: str
     table: str
-    kind: str  # "ebc" or "ec"
+    kind: str  # "ebc", "ec", or a plain "embedding_bag" / "embedding"
     sharding: str
     kernel: str
     pooling: str = ""  # EBC tables only
@@ -86,7 +86,18 @@ class Placements:
                 found.by_state_key[names.get(id(param), table)] = place
                 for key in keys_by_table.get(table, ()):
                     found.by_output_key[(fqn, key)] = place
+        for fqn, module in model.named_modules():  # plain modules DMP shards with its own sharders
+            if isinstance(module, (torch.nn.EmbeddingBag, torch.nn.Embedding)) and fqn in sharding_plan.plan:
+                found._add_plain(fqn, module, sharding_plan.plan[fqn]["weight"], names)
         return found
+
+    def _add_plain(self, fqn: str, module: torch.nn.Module, sharding: Any, names: dict[int, str]) -> None:
+        """A plain nn.EmbeddingBag / nn.Embedding sharded as one table ("weight"); its output is one tensor."""
+        bag = isinstance(module, torch.nn.EmbeddingBag)
+        place = TablePlace(fqn, "weight", "embedding_bag" if bag else "embedding", sharding.sharding_type,
+                           sharding.compute_kernel, module.mode.upper() if bag else "", _shards(sharding))
+        self.by_state_key[names.get(id(module.weight), f"{fqn}.weight")] = place
+        self.by_output_key[(fqn, "")] = place
 
     def for_state(self, key: str) -> TablePlace | None:
         return self.by_state_key.get(key.partition("/")[0])

@@ -29,7 +29,7 @@ from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of,
 from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
                                                    unsharded_buffers)
 from paritykit.compare import find_differences, format_differences
-from paritykit.engine.comparison import compare_records
+from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard
 from paritykit.engine.reference import train_reference
 from paritykit.engine.setup import build_setup
@@ -116,7 +116,7 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     problem = permutation_problem(case.base, setup, record) if case.model == "module" else buffers_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
-    metrics = compare_records(record, reference, tolerance_of(case), case.describe())
+    metrics = compare_records(record, reference, tolerance_of(case), case.describe(), where=where_for(setup))
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
 
 
