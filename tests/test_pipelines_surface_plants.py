@@ -37,6 +37,7 @@ SURFACE_PLANTS = {
     "postproc-result-from-previous-batch": "nested/postproc-and-tracing",
     "getitem-index-off-by-one": "nested/postproc-and-tracing",
     "attach-drops-in-flight-batches": "dlrm/lifecycle",
+    "pipeline-new-iterator-stays-exhausted": "dlrm/lifecycle",
     "backward-work-off-the-graph": "dlrm/backward-hooks",
 }
 
@@ -76,6 +77,7 @@ MOVES = {
     "gradient-accumulation-divides-twice": (AccumulationDrive("sparse_dist", 2), _driven(AccumulationDrive("plain", 2)), _within),
     "staged-drops-stage-output": (StagedDrive(), _driven(StagedDrive(plain=True)), None),
     "attach-drops-in-flight-batches": (LifecycleDrive("sparse_dist", 3, 2), _lifecycle_plain, None),
+    "pipeline-new-iterator-stays-exhausted": (LifecycleDrive("sparse_dist", 3, 2), _lifecycle_plain, None),
 }
 
 

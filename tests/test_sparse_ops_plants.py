@@ -70,6 +70,15 @@ def _getitem_syncs():
     return [torch.tensor(record.total)]
 
 
+def _concat_length_per_key_syncs():
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    first, second = _kjt().sync(), _kjt().sync()
+    with count_syncs(backend="cpu") as record:
+        KeyedJaggedTensor.concat([first, second]).length_per_key()
+    return [torch.tensor(record.total)]
+
+
 # plant -> what torchrec computes that the plant changes (tensors, compared bit for bit).
 TORCHREC_NUMBERS = {
     "regroup-misorders-second-kt-keys": _regroup,
@@ -82,6 +91,7 @@ TORCHREC_NUMBERS = {
     "regroup-repeated-key-loses-gradient": _repeated_key_gradient,
     "kt-regroup-module-ignores-emb-dtype": _regroup_module,
     "getitem-reads-offsets": _getitem_syncs,
+    "kjt-concat-drops-length-per-key": _concat_length_per_key_syncs,
 }
 
 

@@ -114,12 +114,17 @@ def local_world_size(world_size: int, ranks_per_host: int | None = None) -> int:
     return ranks_per_host_of_this_launch(world_size) or world_size
 
 
+def row_shard_sizes(num_embeddings: int, shards: int) -> list[int]:
+    """The rows of each of a table's row shards, in shard order: torchrec gives each shard
+    ceil(rows / shards) rows in turn, so the last ones can get fewer, or none."""
+    block = -(-num_embeddings // shards)
+    return [max(0, min(block, num_embeddings - i * block)) for i in range(shards)]
+
+
 def has_shard_without_rows(tables: Sequence[Any], plan: Mapping[str, Any], world_size: int) -> bool:
-    """Whether a row-sharded table has fewer rows than its shards need (torchrec gives a rank ceil(n/W)
-    rows in turn, so a rank can be left none)."""
+    """Whether a row-sharded table has fewer rows than its shards need (a rank can be left none)."""
     return world_size > 1 and any(
-        plan[t.name][0] in ROW_WISE_FAMILY and t.num_embeddings <= (world_size - 1) * -(-t.num_embeddings // world_size)
-        for t in tables
+        plan[t.name][0] in ROW_WISE_FAMILY and 0 in row_shard_sizes(t.num_embeddings, world_size) for t in tables
     )
 
 

@@ -228,3 +228,25 @@ def data_loading_errors_skipped() -> Iterator[None]:
 
     with replaced(utils, "_is_data_loading_retriable", lambda _original: lambda exception: True):
         yield
+
+
+@register("pipeline-new-iterator-stays-exhausted", check=CHECK)
+@contextlib.contextmanager
+def pipeline_new_iterator_stays_exhausted() -> Iterator[None]:
+    """TrainPipelineSparseDist keeps its "data exhausted" flag when handed a new iterator: the next
+    epoch, started without reset(), trains nothing."""
+    from torchrec.distributed.train_pipeline import train_pipelines
+
+    def planted(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_batch(self: Any, dataloader_iter: Any) -> Any:
+            self._dataloader_iter = dataloader_iter  # the reset of _dataloader_exhausted forgotten
+            if self._dataloader_exhausted:
+                return None
+            batch = next(dataloader_iter, None)
+            self._dataloader_exhausted = batch is None
+            return batch
+
+        return next_batch
+
+    with replaced(train_pipelines.TrainPipelineSparseDist, "_next_batch", planted):
+        yield

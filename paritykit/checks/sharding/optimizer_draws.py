@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.harness.optimizers import FUSED, OptimizerSpec, supported_fused_optimizers
 from paritykit.harness.optimizers.catalog import WEIGHT_DECAY_MODES
-from paritykit.harness.plans import ROW_WISE_FAMILY
+from paritykit.harness.plans import ROW_WISE_FAMILY, row_shard_sizes
 from paritykit.harness.tables import TableSpec
 from paritykit.strategies.optimizers import dense_optimizer_specs, embedding_optimizer_specs
 
@@ -98,9 +98,7 @@ def _row_shards(case: ShardingCase, table: TableSpec) -> int:
 def _has_one_row_shard(case: ShardingCase, table: TableSpec) -> bool:
     if case.plan[table.name][0] not in ROW_WISE_FAMILY or case.trained_kernel(table.name) != "fused":
         return False
-    shards = _row_shards(case, table)
-    block = -(-table.num_embeddings // shards)  # torchrec gives each shard ceil(rows / shards) rows in turn
-    return any(min(block, table.num_embeddings - i * block) == 1 for i in range(shards))
+    return 1 in row_shard_sizes(table.num_embeddings, _row_shards(case, table))
 
 
 def one_row_shard_with_row_states(case: ShardingCase) -> bool:

@@ -180,3 +180,20 @@ def getitem_reads_offsets() -> ContextManager[None]:
         return getitem
 
     return replaced(KeyedJaggedTensor, "__getitem__", planted)
+
+
+@register("kjt-concat-drops-length-per-key", check=CHECK)
+def kjt_concat_drops_length_per_key() -> ContextManager[None]:
+    """KeyedJaggedTensor.concat forgets the inputs' length_per_key: the same KJT, but the next
+    length_per_key() reads the lengths back from the device (one sync per batch in the input dist)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    def planted(original):
+        def concat(kjt_list):
+            out = original(kjt_list)
+            out._length_per_key, out._offset_per_key = None, None  # the dropped length_per_key= argument
+            return out
+
+        return staticmethod(concat)
+
+    return replaced(KeyedJaggedTensor, "concat", planted)
