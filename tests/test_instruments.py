@@ -101,3 +101,16 @@ def test_a_mutant_that_breaks_the_import_is_incompetent_not_killed(coverage_dir)
                                    "import torch\nraise ImportError('mutant')\n")
     outcome = run_mutant(mutant, change, torchrec_dir(), [c for c in cases if c.status == "pass"][:1], gate, timeout_s=300)
     assert outcome.status == INCOMPETENT and "mutant" in outcome.detail
+
+
+def test_a_replay_of_cases_the_gate_no_longer_draws_is_a_harness_error_not_a_kill(coverage_dir):
+    import dataclasses
+
+    from paritykit.errors import HarnessError
+
+    gate, cases = load_cases(coverage_dir)
+    mutant, change, _ = _mutant_of("distributed/comm_ops.py", "class All2All_Pooled_Req(",
+                                   "grad_input.div_(dist.get_world_size(ctx.pg))", "pass")
+    stale = dataclasses.replace(next(c for c in cases if c.status == "pass"), short_id="0000000000")
+    with pytest.raises(HarnessError, match="run `paritykit coverage` again"):
+        run_mutant(mutant, change, torchrec_dir(), [stale], gate, timeout_s=300)

@@ -107,6 +107,14 @@ def test_an_equivalent_survivor_is_matched_by_its_text_not_its_line_number():
     assert equivalent_reason(Mutant("sparse/y.py", 7, "core/AddNot", 0), change, [entry]) is None
 
 
+def test_a_device_only_equivalent_is_matched_on_that_device_alone():
+    entry = Equivalent("sparse/x.py", "paritykit/DropKeywordArgument", "f(x, device=d)", "f(x)", "d is the default", ("cpu",))
+    change = MutantChange("...", "f(x, device=d)", "f(x)")
+    mutant = Mutant("sparse/x.py", 3, "paritykit/DropKeywordArgument", 0)
+    assert equivalent_reason(mutant, change, [entry], "cpu") == "on cpu only: d is the default"
+    assert equivalent_reason(mutant, change, [entry], "cuda") is None
+
+
 def test_an_equivalent_mutant_without_a_reason_is_refused(tmp_path):
     path = tmp_path / "equivalent.toml"
     path.write_text('[[mutant]]\nfile = "sparse/x.py"\noperator = "core/AddNot"\nbefore = "if a:"\nafter = "if not a:"\n')
@@ -131,3 +139,26 @@ def test_an_interrupted_run_resumes_from_its_journal_and_refuses_another_runs(tm
     assert Journal(tmp_path, identity, resume=False).done(mutant) is None  # a fresh run starts a fresh journal
     with pytest.raises(HarnessError, match="belongs to another mutation run"):
         Journal(tmp_path, {**identity, "seed": 1}, resume=True)
+
+
+def test_an_earlier_reports_survivors_run_again_only_on_the_torchrec_they_were_made_on(tmp_path):
+    import json
+
+    from paritykit.gate.coverage_scope import torchrec_dir
+    from paritykit.gate.mutate import _same_torchrec, earlier_survivors
+    from paritykit.gate.mutants import change_of, population
+
+    root = torchrec_dir()
+    first, second = population(root, {"optim/warmup.py": set(range(1, 1000))})[:2]
+    change = change_of(root, first)
+    record = lambda m, status, before: {"file": m.file, "line": m.line, "operator": m.operator,  # noqa: E731
+                                        "occurrence": m.occurrence, "before": before, "after": change.after, "status": status}
+    (tmp_path / "mutants.json").write_text(json.dumps({"mutants": [record(first, "survived", change.before),
+                                                                   record(second, "killed", "x")]}))
+    again = earlier_survivors(tmp_path)
+    assert again == [(first, change.before, change.after)]  # the killed one is not run again
+    _same_torchrec(root, again)
+    with pytest.raises(HarnessError, match="made on another torchrec"):
+        _same_torchrec(root, [(first, change.before + " # elsewhere", change.after)])
+    with pytest.raises(HarnessError, match="not a `paritykit mutate` report"):
+        earlier_survivors(tmp_path / "missing")

@@ -85,15 +85,19 @@ def add_mutate_parser(sub, *, examples: int, positive_int, world_sizes, host_lay
     mutate.add_argument("--jobs", type=positive_int, default=1, help="mutants run at once")
     mutate.add_argument("--resume", action="store_true",
                         help="reuse the outcomes journaled in REPORT by an interrupted run with the same arguments")
+    mutate.add_argument("--again", type=Path, default=None, metavar="EARLIER",
+                        help="instead of a sample, run the survivors of the earlier report EARLIER again (after "
+                             "comparisons were added: which of them are killed now)")
     add_gate_run_options(mutate, examples=examples, positive_int=positive_int, world_sizes=world_sizes, host_layouts=host_layouts)
     mutate.set_defaults(handler=run_mutate_command)
 
 
 def run_mutate_command(args: argparse.Namespace) -> int:
     from paritykit.gate.coverage_run import prepare_directory
-    from paritykit.gate.mutate import run_sample, summary_lines, write_report
+    from paritykit.gate.mutate import earlier_survivors, run_sample, summary_lines, write_report
 
     prepare_directory(args.report)  # before anything runs: a report that cannot be written fails now
+    again = earlier_survivors(args.again) if args.again is not None else None
     coverage_dir = args.coverage
     if coverage_dir is None:
         # The gate's default seed for the coverage run: --seed draws the sample.
@@ -101,7 +105,7 @@ def run_mutate_command(args: argparse.Namespace) -> int:
         run_coverage_command(argparse.Namespace(**{**vars(args), "report": coverage_dir, "seed": 0, "no_html": True}))
     result = run_sample(coverage_dir, args.sample, args.seed, max_cases=args.max_cases, timeout_s=args.timeout,
                         jobs=args.jobs, progress=lambda line: print(line, flush=True), journal_dir=args.report,
-                        resume=args.resume)
+                        resume=args.resume, again=again)
     written = write_report(result, args.report)
     print(f"wrote {', '.join(str(path) for path in written)}")
     for line in summary_lines(result):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paritykit.errors import HarnessError
 from paritykit.gate.coverage_run import CoveredCase
 from paritykit.gate.mutants import Mutant, MutantChange
 from paritykit.harness.line_coverage import RANK_CONFIG_ENV
@@ -78,6 +79,9 @@ def gate_command(gate: dict[str, Any], cases: list[CoveredCase]) -> list[str]:
     return command
 
 
+STALE_CASES = "paritykit: error: no case of"  # gating's refusal of a --case id it does not draw
+
+
 def run_mutant(mutant: Mutant, change: MutantChange, root: Path, cases: list[CoveredCase], gate: dict[str, Any],
                timeout_s: float) -> MutantOutcome:
     outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, [case.label for case in cases])
@@ -89,6 +93,10 @@ def run_mutant(mutant: Mutant, change: MutantChange, root: Path, cases: list[Cov
             outcome.status, outcome.detail = INCOMPETENT, problem
         else:
             outcome.status, outcome.detail = _replay(gate_command(gate, cases), env, timeout_s)
+            if outcome.status == KILLED_BY_ERROR and STALE_CASES in outcome.detail:
+                # Not the mutant's doing: the gate no longer has the cases the coverage run recorded.
+                raise HarnessError(f"replaying {mutant.key}: {outcome.detail.splitlines()[0]}; the coverage run is older "
+                                   "than this paritykit: run `paritykit coverage` again")
     outcome.duration_s = time.perf_counter() - started
     return outcome
 

@@ -119,9 +119,17 @@ class Equivalent:
     before: str
     after: str
     reason: str
+    # The gate devices on which the change cannot show (a `device=` that only differs from the default
+    # on a GPU is equivalent on "cpu" alone); empty: on every device.
+    devices: tuple[str, ...] = ()
 
-    def matches(self, mutant: Mutant, change: MutantChange) -> bool:
+    def matches(self, mutant: Mutant, change: MutantChange, device: str | None = None) -> bool:
+        if self.devices and device not in self.devices:
+            return False
         return (self.file, self.operator, self.before, self.after) == (mutant.file, mutant.operator, change.before, change.after)
+
+    def describe(self) -> str:
+        return f"on {'/'.join(self.devices)} only: {self.reason}" if self.devices else self.reason
 
 
 def load_equivalents(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
@@ -139,9 +147,15 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
             [] if isinstance(entry.get("after"), str) else ["after"])
         if missing:
             raise HarnessError(f"{path}: entry {index} lacks {missing} (an equivalent mutant needs a reason)")
-        found.append(Equivalent(**{key: entry[key] for key in ("file", "operator", "before", "after", "reason")}))
+        devices = entry.get("devices", [])
+        if not isinstance(devices, list) or not all(d in ("cpu", "cuda") for d in devices):
+            raise HarnessError(f"{path}: entry {index}: devices must be a list of 'cpu'/'cuda', not {devices!r}")
+        found.append(Equivalent(**{key: entry[key] for key in ("file", "operator", "before", "after", "reason")},
+                                devices=tuple(devices)))
     return found
 
 
-def equivalent_reason(mutant: Mutant, change: MutantChange, equivalents: Iterable[Equivalent]) -> str | None:
-    return next((e.reason for e in equivalents if e.matches(mutant, change)), None)
+def equivalent_reason(mutant: Mutant, change: MutantChange, equivalents: Iterable[Equivalent],
+                      device: str | None = None) -> str | None:
+    """Why the mutant cannot change what torchrec computes on the gate's ``device``, or None."""
+    return next((e.describe() for e in equivalents if e.matches(mutant, change, device)), None)

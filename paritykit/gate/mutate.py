@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from paritykit.errors import HarnessError
 from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, measured_root
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
@@ -57,29 +58,36 @@ def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int
 
 def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: int, timeout_s: float | None,
                jobs: int = 1, progress: Callable[[str], None] = print, journal_dir: Path | None = None,
-               resume: bool = False) -> dict[str, Any]:
+               resume: bool = False, again: list[tuple[Mutant, str, str]] | None = None) -> dict[str, Any]:
     """Draw the sample, run every mutant, and return the results (``write_report`` renders them).
-    With ``journal_dir`` every outcome is journaled as it finishes; ``resume`` reuses a journal's."""
+    With ``journal_dir`` every outcome is journaled as it finishes; ``resume`` reuses a journal's.
+    ``again`` (mutants with their recorded line before and after, from ``earlier_survivors``) runs
+    those instead of a sample."""
     gate, cases = load_cases(coverage_dir)
     journal = Journal(journal_dir, run_identity(coverage_dir, seed, max_cases), resume) if journal_dir else None
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
-    chosen = sample(everything, size, seed)
+    chosen = sample(everything, size, seed) if again is None else [mutant for mutant, _, _ in again]
     progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
-             f"{len(covered)} torchrec files); running {len(chosen)} (seed {seed})")
+             f"{len(covered)} torchrec files); running {len(chosen)} "
+             + (f"(seed {seed})" if again is None else "(an earlier report's survivors)"))
+    if again is not None:
+        _same_torchrec(root, again)
     equivalents = load_equivalents()
 
     def one(index_and_mutant: tuple[int, Mutant]) -> MutantOutcome:
         index, mutant = index_and_mutant
         change = change_of(root, mutant)
-        reason = equivalent_reason(mutant, change, equivalents)
+        reason = equivalent_reason(mutant, change, equivalents, gate.get("device"))
         resumed = journal.done(mutant) if journal else None
         if resumed is not None and reason is None:
             progress(f"[{index + 1}/{len(chosen)}] {resumed.status:<16} {mutant.file}:{mutant.line} (from the journal)")
             return resumed
         if reason is not None:
             outcome = MutantOutcome(mutant, change.before, change.after, EQUIVALENT, detail=reason)
+        elif mutant.line not in covered.get(mutant.file, {}):
+            outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, detail="no passing case runs its line")
         else:
             picked = choose_cases(covered[mutant.file][mutant.line], max_cases)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
@@ -94,6 +102,26 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
         outcomes = list(executor.map(one, enumerate(chosen)))
     return {"gate": gate, "seed": seed, "in_scope": len(everything), "covered_files": len(covered),
             "outcomes": outcomes}
+
+
+def earlier_survivors(report_dir: Path) -> list[tuple[Mutant, str, str]]:
+    """The survivors of an earlier ``paritykit mutate`` report, with the lines it recorded."""
+    path = Path(report_dir) / "mutants.json"
+    try:
+        recorded = json.loads(path.read_text())["mutants"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise HarnessError(f"{path}: not a `paritykit mutate` report: {exc}") from exc
+    return [(Mutant(m["file"], m["line"], m["operator"], m["occurrence"]), m["before"], m["after"])
+            for m in recorded if m["status"] == SURVIVED]
+
+
+def _same_torchrec(root: Path, again: list[tuple[Mutant, str, str]]) -> None:
+    # The earlier report's mutants are positions in its torchrec's files: they must make the same change here.
+    for mutant, before, after in again:
+        change = change_of(root, mutant)
+        if (change.before, change.after) != (before, after):
+            raise HarnessError(f"mutant {mutant.key} changes `{change.before}` to `{change.after}` in {root}, but the earlier "
+                               f"report recorded `{before}` to `{after}`: it was made on another torchrec")
 
 
 def score(outcomes: list[MutantOutcome]) -> tuple[int, int]:
