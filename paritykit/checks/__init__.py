@@ -45,6 +45,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "sync": "paritykit.checks.sync",
     "sparse-ops": "paritykit.checks.sparse_ops",
     "optim": "paritykit.checks.optim",
+    "planner": "paritykit.checks.planner",
     "fixtures": "paritykit.checks.golden",
 }
 

@@ -1,0 +1,46 @@
+"""One planner case: the plan torchrec's planner makes, held against the rules of plan_rules.py in
+the caller, then the model sharded by it trained against the unsharded module (the engine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paritykit.checks.planner.cases import PlannerCase, batches_of, model_fn
+from paritykit.checks.planner.plan_rules import plan_problems
+from paritykit.checks.planner.planning import plan_case
+from paritykit.engine.comparison import compare_records, where_for
+from paritykit.engine.reference import train_reference
+from paritykit.engine.setup import build_setup
+from paritykit.engine.tolerances import default_tolerance
+from paritykit.engine.training import assemble_records, train_on_rank
+from paritykit.errors import HarnessError, ParityError
+from paritykit.harness.sharded import gradient_division
+
+
+def kernels_offered(module: str) -> dict[str, tuple[str, ...]]:
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    sharder = EmbeddingCollectionSharder() if module == "ec" else EmbeddingBagCollectionSharder()
+    return {kind: tuple(sharder.compute_kernels(kind, "cpu")) for kind in sharder.sharding_types("cpu")}
+
+
+def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
+    """ParityError naming the table whose planned placement breaks a rule, or the step, rank, table
+    and element where the planned model's training first differs from the unsharded module's."""
+    if (pool.world_size, getattr(pool, "ranks_per_host", pool.world_size)) != (case.world_size, case.ranks_per_host):
+        raise HarnessError(f"case needs {case.hosts.describe()}, the pool has {pool.world_size} ranks "
+                           f"of {getattr(pool, 'ranks_per_host', pool.world_size)} per host")
+    make = model_fn(case)
+    plan = plan_case(case, make())
+    problems = plan_problems(case, plan, kernels_offered(case.module))
+    if problems:
+        raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
+    setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,
+                        device=pool.device, ranks_per_host=case.ranks_per_host)
+    reference = train_reference(setup, division=gradient_division())
+    record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
+    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"),
+                              case.describe(), where_for(setup))
+    planned = {name: sharding.sharding_type for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
+    return {**metrics, "plan_shape": f"{case.module}/{case.hosts}/" + "+".join(sorted(planned.values()))}

@@ -1,0 +1,34 @@
+"""The planner check's gate entry: drawn planner cases on every world size (one host) and on the
+config's layouts of several hosts, a few per layout (each trains on its pool)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from paritykit.checks.planner.case_runner import run_planner_case
+from paritykit.checks.planner.draws import planner_cases
+from paritykit.checks.planner.pinned import pinned_cases
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import GateConfig, run_property
+from paritykit.dist import PoolProvider
+from paritykit.harness.hosts import host_layout
+from paritykit.harness.plans import local_world_size
+
+NAME = "planner"
+# A case plans (tens of milliseconds) and trains two steps on its pool (about a second): the gate
+# draws one case per this many examples on each layout, and the pinned ones.
+EXAMPLES_PER_CASE = 25
+
+
+def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
+    layouts = [host_layout(w, local_world_size(w)) for w in config.world_sizes] + list(config.hosts)
+    drawn = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_CASE))
+    results: list[CaseResult] = []
+    for hosts in dict.fromkeys(layouts):
+        ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
+        pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
+        results += run_property(NAME, planner_cases(hosts.world_size, hosts.ranks_per_host),
+                                lambda case, pool=pool: run_planner_case(case, pool), drawn,
+                                case_id=lambda case: case.case_id(),
+                                explicit=pinned_cases(hosts.world_size, hosts.ranks_per_host))
+    return results

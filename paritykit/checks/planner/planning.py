@@ -1,0 +1,51 @@
+"""The case planned by torchrec's EmbeddingShardingPlanner, the way a user plans a model: a topology
+of the case's hosts on the CPU, the user's ParameterConstraints, torchrec's default sharders."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+from paritykit.checks.planner.cases import PlannerCase
+
+
+def topology(case: PlannerCase) -> Any:
+    """TopologyFactory where torchrec has it (its recommended way), else Topology itself."""
+    from torchrec.distributed.planner import types
+
+    factory = getattr(types, "TopologyFactory", None)
+    if factory is not None and hasattr(types, "TrainerConfig") and hasattr(types, "KernelConfig"):
+        return factory.create_topology(
+            trainer_config=types.TrainerConfig(world_size=case.world_size, local_world_size=case.ranks_per_host),
+            kernel_config=types.KernelConfig(compute_device="cpu"))
+    return types.Topology(world_size=case.world_size, compute_device="cpu", local_world_size=case.ranks_per_host)
+
+
+def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    return {table: ParameterConstraints(sharding_types=list(c.sharding_types), min_partition=c.min_partition)
+            for table, c in case.constraints}
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    # The planner logs its search and a table of the plan at INFO/WARNING on every call.
+    logger = logging.getLogger("torchrec.distributed.planner")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def plan_case(case: PlannerCase, module: Any) -> Any:
+    """torchrec's ShardingPlan for ``module`` (the case's unsharded module)."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    with _quiet_planner():
+        planner = EmbeddingShardingPlanner(topology=topology(case), constraints=parameter_constraints(case), stats=[])
+        return planner.plan(module, get_default_sharders())

@@ -1,0 +1,88 @@
+"""The planner check (paritykit/checks/planner): its rules on plans written by hand, its planted bugs
+shown first to change the plan torchrec's planner makes, then caught by the self-test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from paritykit.checks.planner.case_runner import kernels_offered
+from paritykit.checks.planner.cases import TableConstraint, model_fn
+from paritykit.checks.planner.pinned import pinned_cases
+from paritykit.checks.planner.plan_rules import column_block, plan_problems
+from paritykit.checks.planner.planning import plan_case
+from paritykit.checks.runner import GateConfig
+from paritykit.gate.selftest import run_clean, run_plant
+from paritykit.harness import plants
+
+PLANNER_PLANTS = sorted(name for name, plant in plants.PLANTS.items() if plant.check == "planner")
+SELFTEST = GateConfig(device="cpu", world_sizes=(2,), examples=3, seed=0, shrink=False)
+
+
+@pytest.mark.parametrize("dim, min_partition, width", [
+    (16, 4, 4), (24, 8, 8), (24, None, 24), (12, 8, 12), (32, 12, 16), (8, 12, 8), (48, 4, 4),
+])
+def test_the_column_block_is_the_narrowest_multiple_of_4_from_min_partition_that_divides_the_dim(dim, min_partition, width):
+    assert column_block(dim, min_partition) == width
+
+
+def _planned(case):
+    return plan_case(case, model_fn(case)())
+
+
+def _summary(plan) -> dict:
+    return {name: (s.sharding_type, s.compute_kernel, tuple(s.ranks or ()),
+                   tuple((tuple(m.shard_offsets), tuple(m.shard_sizes)) for m in (s.sharding_spec.shards if s.sharding_spec else ())))
+            for module_plan in plan.plan.values() for name, s in module_plan.items()}
+
+
+@pytest.mark.parametrize("case", pinned_cases(4, 2), ids=lambda case: case.module)
+def test_torchrecs_plans_of_the_pinned_cases_keep_every_rule(case):
+    assert plan_problems(case, _planned(case), kernels_offered(case.module)) == []
+
+
+def test_a_plan_whose_shards_sit_elsewhere_than_its_ranks_or_on_two_hosts_is_named():
+    case = pinned_cases(4, 2)[0]  # t1: table_column_wise, min_partition 8, on 2 hosts of 2 ranks
+    plan = _planned(case)
+    module_plan = next(iter(plan.plan.values()))
+    cw, twcw = module_plan["t0"], module_plan["t1"]
+    module_plan["t0"] = dataclasses.replace(cw, ranks=list(reversed(cw.ranks)))
+    assert any("placed on ranks" in p and "'t0'" in p for p in plan_problems(case, plan, kernels_offered("ebc")))
+    module_plan["t0"] = cw
+    for shard, rank in zip(twcw.sharding_spec.shards, (0, 2, 0)):  # the second block on the other host
+        shard.placement = type(shard.placement)(f"rank:{rank}/cpu")
+    module_plan["t1"] = dataclasses.replace(twcw, ranks=[0, 2, 0])
+    assert any("on more than one host" in p for p in plan_problems(case, plan, kernels_offered("ebc")))
+
+
+def test_a_constraint_the_plan_does_not_keep_is_named():
+    case = pinned_cases(2, 2)[1]
+    case = dataclasses.replace(case, constraints=(("t0", TableConstraint(("table_wise",))),) + case.constraints[1:])
+    plan = _planned(dataclasses.replace(case, constraints=pinned_cases(2, 2)[1].constraints))  # planned row-wise
+    assert plan_problems(case, plan, kernels_offered("ec")) == [
+        "table 't0' is planned row_wise; its constraints allow only ['table_wise']"]
+
+
+def test_every_planner_plant_changes_the_plan_torchrecs_planner_makes():
+    assert PLANNER_PLANTS
+    for plant in PLANNER_PLANTS:
+        changed = []
+        for case in pinned_cases(2, 2):
+            clean = _summary(_planned(case))
+            with plants.applied([plant]):
+                planted = _summary(_planned(case))
+            changed.append(clean != planted)
+            assert clean == _summary(_planned(case))  # and the plant is gone once the block ends
+        assert any(changed), plant
+
+
+@pytest.fixture(scope="module")
+def clean_run(rank_pools):
+    return run_clean("planner", SELFTEST, rank_pools)
+
+
+@pytest.mark.parametrize("plant", PLANNER_PLANTS)
+def test_self_test_catches_the_plant_with_the_planner_check(plant, clean_run, rank_pools):
+    outcome = run_plant(plant, SELFTEST, rank_pools, clean_run)
+    assert (outcome.verdict, outcome.check) == ("caught", "planner"), outcome.evidence
