@@ -25,3 +25,22 @@ def test_ec_index_dedup_has_no_cpu_kernel_in_fbgemm():
     offsets = torch.tensor([0, 2])
     with pytest.raises(NotImplementedError, match="CPU"):
         torch.ops.fbgemm.jagged_unique_indices(torch.tensor([0, 10]), torch.tensor([0]), offsets, torch.tensor([1, 1]))
+
+
+def test_the_fused_embedding_collection_refuses_a_cpu_device():
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingCollection
+
+    with pytest.raises(AssertionError, match="CUDA, meta"):
+        FusedEmbeddingCollection(tables=[EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=4, feature_names=["f0"])],
+                                 optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1}, device=torch.device("cpu"))
+
+
+def test_nothing_in_torchrec_applies_the_variable_all_to_all():
+    from pathlib import Path
+
+    import torchrec
+
+    root = Path(torchrec.__file__).parent
+    callers = [path for path in root.rglob("*.py") if "All2Allv_Req.apply" in path.read_text()]
+    assert callers == []

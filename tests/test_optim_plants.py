@@ -36,10 +36,42 @@ def moved(clean: list[dict], planted: list[dict]) -> list:
     return [d for a, b in zip(clean, planted) for d in find_differences(b, a, exact=True)]
 
 
+# plants of torchrec's fused-optimizer module: the pinned FusedEmbeddingBagCollection case they move
+FUSED_MODULE_PLANTS = {"fused-module-rowwise-adagrad-as-adagrad": 2}
+
+
 def test_every_optim_plant_has_a_case():
     import paritykit.checks.optim.plants  # noqa: F401 - registers them
 
-    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES)
+    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(FUSED_MODULE_PLANTS)
+
+
+def _fused_module_tables(case) -> dict:
+    """What FusedEmbeddingBagCollection alone computes: its tables after the case's steps."""
+    import torch
+
+    from paritykit.checks.optim.fused_module_cases import _fused_module
+    from paritykit.harness.tables import build_ebc, feature_names_of, kjt_from_rows
+
+    fused = _fused_module(case, build_ebc(case.tables, seed=case.seed))
+    for batch in case.steps:
+        fused(kjt_from_rows(list(feature_names_of(case.tables)), dict(batch.ids))).values().pow(2).sum().backward()
+    return {key: value.detach().clone() for key, value in fused.state_dict().items() if isinstance(value, torch.Tensor)}
+
+
+@pytest.mark.parametrize("plant", sorted(FUSED_MODULE_PLANTS))
+def test_the_fused_module_plant_moves_torchrecs_numbers_and_the_check_catches_it(plant):
+    import paritykit.checks.optim.plants  # noqa: F401
+    from paritykit.checks.optim.fused_module_cases import run_fused_module_case
+    from paritykit.checks.optim.matrix import pinned_fused_module_cases
+
+    case = pinned_fused_module_cases()[FUSED_MODULE_PLANTS[plant]]
+    clean = _fused_module_tables(case)
+    with plants.applied([plant]):
+        assert find_differences(_fused_module_tables(case), clean, exact=True), f"{plant} leaves the fused module's tables unchanged"
+        with pytest.raises(ParityError, match="differs from the plain module trained by"):
+            run_fused_module_case(case)
+    assert run_fused_module_case(case)["steps"] == len(case.steps)
 
 
 @pytest.mark.world_size(2)

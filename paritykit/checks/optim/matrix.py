@@ -11,6 +11,7 @@ from paritykit.checks.optim.contract_cases import ContractCase, SemiSyncCase
 from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
 from paritykit.checks.optim.dense_runner import dense_case_id, is_dense_case, run_dense_case
 from paritykit.checks.optim.draws import dense_cases, sharded_cases
+from paritykit.checks.optim.fused_module_cases import FusedModuleCase, fused_module_cases, run_fused_module_case
 from paritykit.checks.optim.known_broken import RULES, known_broken_cases
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.checks.results import CaseResult
@@ -22,6 +23,19 @@ NAME = "optim"
 # A sharded case costs a second or two on two ranks, a dense one milliseconds: the gate draws one
 # sharded case per this many examples (at least one per world size) and every dense example.
 EXAMPLES_PER_SHARDED_CASE = 25
+# A FusedEmbeddingBagCollection case trains 3 steps in the caller (tens of milliseconds).
+EXAMPLES_PER_FUSED_MODULE_CASE = 5
+
+
+def pinned_fused_module_cases() -> tuple[FusedModuleCase, ...]:
+    """Each optimizer type a user hands FusedEmbeddingBagCollection, far from fbgemm's defaults."""
+    from paritykit.harness.configuration import RankBatch
+    from paritykit.harness.tables import TableSpec
+
+    tables = (TableSpec("t0", 6, 4, ("f0", "f1")), TableSpec("t1", 5, 8, ("f2",), "MEAN"))
+    steps = tuple(RankBatch((("f0", ((1, 2), (3,))), ("f1", ((2,), ())), ("f2", ((0, 4, 4), (1,))))) for _ in range(3))
+    return tuple(FusedModuleCase(name, hypers, tables, steps, seed=3) for name, hypers in (
+        ("sgd", (("lr", 0.2),)), ("adagrad", (("lr", 0.5), ("eps", 1e-2))), ("rowwise_adagrad", (("lr", 0.5), ("eps", 1e-2)))))
 
 
 def pinned_dense_cases() -> tuple:
@@ -44,6 +58,9 @@ def pinned_dense_cases() -> tuple:
 
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results = run_property(NAME, dense_cases(), run_dense_case, config, case_id=dense_case_id, explicit=pinned_dense_cases())
+    results += run_property(NAME, fused_module_cases(), run_fused_module_case,
+                            dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_FUSED_MODULE_CASE)),
+                            case_id=lambda case: case.case_id(), explicit=pinned_fused_module_cases())
     sharded_config = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_SHARDED_CASE))
     largest = max(config.world_sizes)
     for world_size in config.world_sizes:

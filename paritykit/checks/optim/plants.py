@@ -103,3 +103,21 @@ def keyed_load_skips_param_groups() -> ContextManager[None]:
         return state_only
 
     return replaced(KeyedOptimizer, "load_state_dict", planted)
+
+
+@register("fused-module-rowwise-adagrad-as-adagrad", check=CHECK)
+def fused_module_rowwise_adagrad_as_adagrad() -> ContextManager[None]:
+    """FusedEmbeddingBagCollection maps torchrec's RowWiseAdagrad to fbgemm's element-wise EXACT_ADAGRAD."""
+    import torchrec.modules.fused_embedding_modules as fused_modules
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    def planted(original):
+        def convert_optimizer_type_and_kwargs(optimizer_type, optimizer_kwargs):
+            converted = original(optimizer_type, optimizer_kwargs)
+            if converted is not None and converted[0] == EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+                return EmbOptimType.EXACT_ADAGRAD, converted[1]
+            return converted
+
+        return convert_optimizer_type_and_kwargs
+
+    return replaced(fused_modules, "convert_optimizer_type_and_kwargs", planted)
