@@ -17,12 +17,12 @@ from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.sharded import gradient_division
 
 
-def kernels_offered(module: str) -> dict[str, tuple[str, ...]]:
+def kernels_offered(module: str, device: str = "cpu") -> dict[str, tuple[str, ...]]:
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     sharder = EmbeddingCollectionSharder() if module == "ec" else EmbeddingBagCollectionSharder()
-    return {kind: tuple(sharder.compute_kernels(kind, "cpu")) for kind in sharder.sharding_types("cpu")}
+    return {kind: tuple(sharder.compute_kernels(kind, device)) for kind in sharder.sharding_types(device)}
 
 
 def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
@@ -32,8 +32,8 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
         raise HarnessError(f"case needs {case.hosts.describe()}, the pool has {pool.world_size} ranks "
                            f"of {getattr(pool, 'ranks_per_host', pool.world_size)} per host")
     make = model_fn(case)
-    plan = plan_case(case, make())
-    problems = plan_problems(case, plan, kernels_offered(case.module))
+    plan = plan_case(case, make(), pool.device)
+    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device))
     if problems:
         raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
     setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,

@@ -1,7 +1,8 @@
 """What a plan must be, whatever torchrec's planner chose, written out from the meaning of the user's
 constraints and of each sharding type (independent of torchrec's planner and shard arithmetic):
 
-- every table is planned, with a sharding type the user allowed, and a kernel the sharder offers;
+- every table is planned, with a sharding type the user allowed, and a kernel the sharder offers
+  for it on the ranks' device;
 - its ranks exist, and each shard's placement is the rank listed for it, in order;
 - table-wise: one shard, the whole table; data-parallel: every rank, no shards;
 - column-wise and table-column-wise: shards of all the rows, side by side from column 0 to the last,
@@ -69,7 +70,7 @@ def _layout_problem(case: PlannerCase, table: TableSpec, sharding: Any) -> str |
 
 def plan_problems(case: PlannerCase, plan: Any, kernels_offered: dict[str, tuple[str, ...]]) -> list[str]:
     """Every way the planned ``plan`` breaks the rules above, naming the table.
-    ``kernels_offered``: the compute kernels torchrec's sharder lists per sharding type on the CPU."""
+    ``kernels_offered``: the compute kernels torchrec's sharder lists per sharding type on the device."""
     planned = {name: sharding for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
     problems = []
     for table in case.tables:
@@ -83,7 +84,7 @@ def plan_problems(case: PlannerCase, plan: Any, kernels_offered: dict[str, tuple
             continue
         if sharding.compute_kernel not in kernels_offered.get(sharding.sharding_type, ()):
             problems.append(f"table {table.name!r} ({sharding.sharding_type}) has kernel {sharding.compute_kernel!r}; "
-                            f"the sharder offers {list(kernels_offered.get(sharding.sharding_type, ()))} on the CPU")
+                            f"the sharder offers {list(kernels_offered.get(sharding.sharding_type, ()))} on the device")
         problem = _layout_problem(case, table, sharding)
         if problem:
             problems.append(f"table {table.name!r} ({sharding.sharding_type}): {problem}")

@@ -1,5 +1,5 @@
 """The case planned by torchrec's EmbeddingShardingPlanner, the way a user plans a model: a topology
-of the case's hosts on the CPU, the user's ParameterConstraints, torchrec's default sharders."""
+of the case's hosts on the ranks' device, the user's ParameterConstraints, torchrec's default sharders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Iterator
 from paritykit.checks.planner.cases import PlannerCase
 
 
-def topology(case: PlannerCase) -> Any:
+def topology(case: PlannerCase, device: str = "cpu") -> Any:
     """TopologyFactory where torchrec has it (its recommended way), else Topology itself."""
     from torchrec.distributed.planner import types
 
@@ -18,8 +18,8 @@ def topology(case: PlannerCase) -> Any:
     if factory is not None and hasattr(types, "TrainerConfig") and hasattr(types, "KernelConfig"):
         return factory.create_topology(
             trainer_config=types.TrainerConfig(world_size=case.world_size, local_world_size=case.ranks_per_host),
-            kernel_config=types.KernelConfig(compute_device="cpu"))
-    return types.Topology(world_size=case.world_size, compute_device="cpu", local_world_size=case.ranks_per_host)
+            kernel_config=types.KernelConfig(compute_device=device))
+    return types.Topology(world_size=case.world_size, compute_device=device, local_world_size=case.ranks_per_host)
 
 
 def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
@@ -41,11 +41,11 @@ def _quiet_planner() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def plan_case(case: PlannerCase, module: Any) -> Any:
-    """torchrec's ShardingPlan for ``module`` (the case's unsharded module)."""
+def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> Any:
+    """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     with _quiet_planner():
-        planner = EmbeddingShardingPlanner(topology=topology(case), constraints=parameter_constraints(case), stats=[])
+        planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case), stats=[])
         return planner.plan(module, get_default_sharders())
