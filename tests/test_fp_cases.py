@@ -72,3 +72,19 @@ def test_a_wrong_kind_or_form_is_a_harness_error():
         fp_setup(dataclasses.replace(fp_cases(2)[0], kind="grad"))
     with pytest.raises(HarnessError, match="form 'list'"):
         fp_setup(FpCase("train", "list", 2, fp_plans(2)[0]))
+
+
+@pytest.mark.world_size(2)
+def test_the_fp_ebc_as_the_whole_model_fails_as_its_known_issue_says(rank_pool):
+    from paritykit.checks.known_issues import active_issues
+    from paritykit.checks.results import CaseResult
+    from paritykit.checks.sharding.fp_known_broken import RULES, known_broken_fp_cases
+    from paritykit.errors import ParityError
+    from paritykit.harness.versions import installed_versions
+
+    for rule in RULES:
+        case_id, body = known_broken_fp_cases(2)[rule]
+        with pytest.raises(ParityError, match="position_weights"):
+            body(rank_pool)
+        listed = [issue for issue in active_issues() if issue.matches(CaseResult("sharding", case_id, "fail"))]
+        assert [issue.standing(installed_versions()) for issue in listed] == ["applies"]

@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from paritykit.checks.sharding.cases import kjt_of
-from paritykit.checks.sharding.dmp_cases import _steps
-from paritykit.checks.sharding.fp_models import FORMS, RESET_POSITION_WEIGHT, build_wrapped_fp_ebc, init_range
+from paritykit.checks.sharding.cases import RankBatch, kjt_of
+from paritykit.checks.sharding.fp_models import FORMS, RESET_POSITION_WEIGHT, build_fp_ebc, build_wrapped_fp_ebc, init_range
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.dmp_options import DmpOptions
@@ -42,6 +41,13 @@ from paritykit.harness.tables import TableSpec
 
 KINDS = ("train", "meta-init")
 TABLES = (TableSpec("t0", 10, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",)), TableSpec("t2", 8, 8, ("f2",)))
+# Bags of up to 3 ids, most of them across the row blocks of two ranks (rows 0-4 | 5-9, 0-3 | 4-7):
+# a row-wise shard must weigh each id by its position in the whole bag, not in the part it received.
+_ROWS = (
+    (("f0", ((1, 8, 2), (), (9,))), ("f1", ((5, 0), (), (2, 7, 3))), ("f2", ((0, 6), (7, 7), ()))),
+    (("f0", ((4,), (5, 6, 0), ())), ("f1", ((1,), (4, 6), ())), ("f2", ((), (1, 5, 2), (5,)))),
+    (("f0", ((7,), (0, 9, 1), (2,))), ("f1", ((3, 3), (4,), ())), ("f2", ((1,), (), (6, 3)))),
+)
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,11 @@ class FpCase:
     seed: int = 0
     optimizer: str = "sgd"
     meta_model: bool = False
+    # The FP-EBC itself is the model DMP wraps (a known issue), not held in a module.
+    root: bool = False
 
     def describe(self) -> str:
-        meta = " meta_model" if self.meta_model else ""
+        meta = (" meta_model" if self.meta_model else "") + (" root" if self.root else "")
         return (f"fp {self.kind} [{self.form}{meta}] world_size={self.world_size} optimizer={self.optimizer}/sgd "
                 f"plan={describe_plan(self.plan)} seed={self.seed}")
 
@@ -63,7 +71,7 @@ class FpCase:
         return f"{self.describe()} #{stable_seed(repr(self), repr(self.plan)) % 16**8:08x}"
 
     def model_fn(self, seeded: bool = True):
-        return functools.partial(build_wrapped_fp_ebc, TABLES, self.form, self.seed, seeded=seeded)
+        return functools.partial(build_fp_ebc if self.root else build_wrapped_fp_ebc, TABLES, self.form, self.seed, seeded=seeded)
 
 
 def fp_plan(case: FpCase) -> dict[str, Any]:
@@ -75,7 +83,8 @@ def fp_plan(case: FpCase) -> dict[str, Any]:
 def fp_setup(case: FpCase, device: str = "cpu"):
     if case.kind not in KINDS or case.form not in FORMS:
         raise HarnessError(f"FP case: kind {case.kind!r} must be one of {KINDS}, form {case.form!r} one of {FORMS}")
-    batches = [[kjt_of(batch, False) for batch in step] for step in _steps(case.world_size)]
+    batches = [[kjt_of(RankBatch(_ROWS[(rank + step) % len(_ROWS)]), False) for rank in range(case.world_size)]
+               for step in range(3)]
     setup = build_setup(case.model_fn(), fp_plan(case), batches, embedding_optimizer=case.optimizer, dense_optimizer="sgd",
                         seed=case.seed, device=device)
     return dataclasses.replace(setup, options=DmpOptions(meta_model=case.meta_model), probes=(state_dict_keys,))

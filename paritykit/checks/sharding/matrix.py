@@ -10,6 +10,7 @@ from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case,
 from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.dmp_matrix import run_dmp_matrix
 from paritykit.checks.sharding.fp_cases import fp_cases, run_fp_case
+from paritykit.checks.sharding.fp_known_broken import known_broken_fp_cases
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
 from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
@@ -67,6 +68,10 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         pool = pools.get(world_size)
         results += [run_case(NAME, case.case_id(), config, lambda case=case, pool=pool: run_fp_case(case, pool))
                     for case in fp_cases(world_size, config.seed)]
+    fp_sizes = [w for w in config.world_sizes if w >= 2]  # one rank has no replicas to drift apart
+    for case_id, body in (known_broken_fp_cases(min(fp_sizes)).values() if fp_sizes else ()):
+        pool = pools.get(min(fp_sizes))
+        known_broken.append(run_known_broken_case(NAME, case_id, config, pool, lambda body=body, pool=pool: body(pool)))
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).
     for rule in RULES:
