@@ -14,6 +14,7 @@ from paritykit.checks.sharding.fp_cases import TABLES
 from paritykit.errors import HarnessError
 
 
+@pytest.mark.slow  # the gate runs these on one rank too; the default suite keeps two ranks
 @pytest.mark.world_size(1)
 @pytest.mark.parametrize("index", range(len(fp_cases(1))))
 def test_every_fp_case_matches_the_unsharded_fp_ebc_on_one_rank(rank_pool, index):

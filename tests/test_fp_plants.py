@@ -85,6 +85,7 @@ def test_the_plant_moves_torchrecs_numbers_and_its_fp_case_catches_it(rank_pool,
     assert run_fp_case(case, rank_pool)["ranks"] == 2
 
 
+@pytest.mark.slow  # the same plant as above, on the other form
 @pytest.mark.world_size(2)
 def test_the_row_wise_plant_is_caught_in_both_forms(rank_pool):
     case = case_of("train", "dict")
