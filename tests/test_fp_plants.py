@@ -38,7 +38,10 @@ def materialised(case):
     model = build_wrapped_fp_ebc(TABLES, case.form, case.seed, device="meta", seeded=False)
     model.to_empty(device="cpu")
     model.load_state_dict(setup.full_state)
-    return [{k: v.detach() for k, v in model(batch).items()} for batch in setup.batches[0]]
+    try:
+        return [{k: v.detach() for k, v in model(batch).items()} for batch in setup.batches[0]]
+    except Exception as exc:  # noqa: BLE001 - torchrec 1.9 moves the stale weights to the ids' device: meta fails
+        return [f"raised {type(exc).__name__}: {exc}"]
 
 
 def state_keys(pool, case):

@@ -216,7 +216,10 @@ def materialised_problem(case: FpCase, setup: Any) -> str | None:
     model.load_state_dict(setup.full_state)
     built = setup.model_fn()
     for rank, batch in enumerate(setup.batches[0]):
-        got = {key: value.detach() for key, value in model(batch).items()}
+        try:
+            got = {key: value.detach() for key, value in model(batch).items()}
+        except Exception as exc:  # noqa: BLE001 - torchrec's forward of a restored model failing is the finding
+            return f"the unsharded FP-EBC built on meta, to_empty and loaded raised {type(exc).__name__}: {exc}"
         found = find_differences(got, {key: value.detach() for key, value in built(batch).items()}, exact=True,
                                  name=f"rank {rank} batch")
         if found:
