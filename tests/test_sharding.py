@@ -11,6 +11,7 @@ from paritykit.checks.runner import GateConfig
 from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.checks.sharding.dmp_known_broken import RULES as DMP_RULES
+from paritykit.checks.sharding.fp_known_broken import RULES as FP_RULES
 from paritykit.checks.sharding.draws import sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, broken_rules, kept_out_rules, known_broken_cases, repair
 from paritykit.checks.sharding.matrix import examples_per_plan_shape, placements_by_module
@@ -94,8 +95,8 @@ def test_the_gate_entry_passes_marks_the_known_broken_cases_and_counts_plan_shap
     failing = [r for r in results if r.status not in ("pass", "known-issue")]
     assert not failing, failing[0].message
     known = sorted(r.case_id.split()[1] for r in results if r.status == "known-issue")
-    # A fixed one passes; the DMP block's known-broken configurations run once each too.
-    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES))
+    # A fixed one passes; the DMP block's and the FP cases' known-broken configurations run once each too.
+    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES) + list(FP_RULES))
     counts = examples_per_plan_shape(results)
     assert sum(counts.values()) >= len(pinned_cases(1)) + len(pinned_cases(2))
 

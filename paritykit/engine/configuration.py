@@ -12,6 +12,7 @@ import torch
 
 from paritykit.engine.training import TrainingSetup
 from paritykit.harness.configuration import RankBatch, ShardedConfiguration
+from paritykit.harness.inputs import table_configs
 from paritykit.harness.plan_resolution import embedding_modules
 from paritykit.harness.plans import local_world_size
 from paritykit.harness.tables import TableSpec
@@ -22,8 +23,9 @@ def configurations_of(setup: TrainingSetup) -> tuple[ShardedConfiguration, ...]:
     model = setup.model_fn()
     found = []
     for fqn, module in embedding_modules(model).items():
-        kind = "ebc" if hasattr(module, "embedding_bag_configs") else "ec"
-        configs = module.embedding_bag_configs() if kind == "ebc" else module.embedding_configs()
+        # A feature-processed EBC is an EBC with its inner EBC's tables.
+        kind = "ebc" if hasattr(getattr(module, "_embedding_bag_collection", module), "embedding_bag_configs") else "ec"
+        configs = table_configs(module)
         tables = tuple(TableSpec(c.name, c.num_embeddings, c.embedding_dim, tuple(c.feature_names),
                                  "MEAN" if kind == "ebc" and c.pooling.name == "MEAN" else "SUM") for c in configs)
         shardings = setup.sharding_plan.plan[fqn]

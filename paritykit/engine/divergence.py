@@ -69,13 +69,15 @@ class Placements:
 
     @classmethod
     def of(cls, model: torch.nn.Module, sharding_plan: Any) -> "Placements":
+        from paritykit.harness.inputs import table_configs
         from paritykit.harness.plan_resolution import embedding_modules, sharder_of
 
         names = {id(param): name for name, param in model.named_parameters()}
         found = cls()
         for fqn, module in embedding_modules(model).items():
-            kind = "ebc" if hasattr(module, "embedding_bag_configs") else "ec"
-            configs = module.embedding_bag_configs() if kind == "ebc" else module.embedding_configs()
+            # A feature-processed EBC is an EBC with its inner EBC's tables.
+            kind = "ebc" if hasattr(getattr(module, "_embedding_bag_collection", module), "embedding_bag_configs") else "ec"
+            configs = table_configs(module)
             keys_by_table = _output_keys(module, configs)
             for table, param in sharder_of(module).shardable_parameters(module).items():
                 sharding = sharding_plan.plan[fqn][table]

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from paritykit.engine.configuration import short_placement
 from paritykit.engine.training import TrainingSetup
 from paritykit.errors import Divergence, HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
+from paritykit.harness.inputs import table_configs
 from paritykit.harness.plans import describe_plan, parameter_sharding_generator
 
 MAX_RUNS = 16
@@ -174,7 +175,7 @@ def _dropped_features(setup: TrainingSetup, dropped: frozenset[tuple[str, str]])
     features = set()
     for fqn, table in dropped:
         module = modules[fqn]
-        configs = module.embedding_bag_configs() if hasattr(module, "embedding_bag_configs") else module.embedding_configs()
+        configs = table_configs(module)
         features |= {f for c in configs if c.name == table for f in c.feature_names}
     return features
 

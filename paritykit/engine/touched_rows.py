@@ -16,11 +16,12 @@ import torch
 from torch import nn
 
 from paritykit.errors import HarnessError
+from paritykit.harness.inputs import table_configs
 from paritykit.harness.plan_resolution import sharder_of
 
 
 def _tables_by_feature(module: nn.Module) -> dict[str, list[torch.nn.Parameter]]:
-    configs = module.embedding_bag_configs() if hasattr(module, "embedding_bag_configs") else module.embedding_configs()
+    configs = table_configs(module)  # a feature-processed EBC's are its inner EBC's
     params = sharder_of(module).shardable_parameters(module)
     found: dict[str, list[torch.nn.Parameter]] = {}
     for config in configs:

@@ -38,7 +38,8 @@ def embedding_modules(model: nn.Module) -> dict[str, nn.Module]:
     shardable = tuple(get_module_to_default_sharders())
     found: dict[str, nn.Module] = {}
     for fqn, module in model.named_modules():
-        if isinstance(module, shardable) and not any(fqn.startswith(f"{outer}.") for outer in found if outer):
+        # Inside a shardable module (the model itself, FQN "", included) its sharder shards everything.
+        if isinstance(module, shardable) and not any(outer == "" or fqn.startswith(f"{outer}.") for outer in found):
             found[fqn] = module
     return found
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
+from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case, run_property
 from paritykit.checks.sharding.case_runner import run_sharding_case
 from paritykit.checks.sharding.dmp_matrix import run_dmp_matrix
+from paritykit.checks.sharding.fp_cases import fp_cases, run_fp_case
+from paritykit.checks.sharding.fp_known_broken import known_broken_fp_cases
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
 from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
@@ -61,6 +63,15 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
     results += dmp_results
     known_broken += dmp_known_broken
+    # Feature-processed EBCs sharded by DMP (fp_cases.py), both forms of position weights, on one host.
+    for world_size in config.world_sizes:
+        pool = pools.get(world_size)
+        results += [run_case(NAME, case.case_id(), config, lambda case=case, pool=pool: run_fp_case(case, pool))
+                    for case in fp_cases(world_size, config.seed)]
+    fp_sizes = [w for w in config.world_sizes if w >= 2]  # one rank has no replicas to drift apart
+    for case_id, body in (known_broken_fp_cases(min(fp_sizes)).values() if fp_sizes else ()):
+        pool = pools.get(min(fp_sizes))
+        known_broken.append(run_known_broken_case(NAME, case_id, config, pool, lambda body=body, pool=pool: body(pool)))
     # Each broken combination fails the same way at every world size; run it once, on the smallest
     # that shows it (a failure on two ranks may leave a peer waiting in a collective: a pool rebuild).
     for rule in RULES:
