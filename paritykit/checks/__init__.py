@@ -45,6 +45,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "sync": "paritykit.checks.sync",
     "sparse-ops": "paritykit.checks.sparse_ops",
     "optim": "paritykit.checks.optim",
+    "modules": "paritykit.checks.modules",
     "fixtures": "paritykit.checks.golden",
 }
 
