@@ -2,9 +2,8 @@
 rules, mc_cases.SlotRules) followed by the embedding lookup, against a lookup by hand of the table's
 rows at the remapped ids; the table's gradient against a scatter-add by hand of the upstream gradient.
 
-The upstream gradients are multiples of 1/8 and the table's rows are what they are: a row's
-gradient is then a sum of exactly representable products in any order only for EC (each output row
-is one table row times 1/8-multiples); both are held to the norm-wise bound, the EC lookup bit for bit.
+An EC lookup is a gather: bit for bit. An EBC's sums per sample and the table's gradient (upstream
+gradients, multiples of 1/8, added per row) may be summed in another order: the norm-wise bound.
 """
 
 from __future__ import annotations
