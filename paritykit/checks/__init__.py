@@ -46,6 +46,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "sparse-ops": "paritykit.checks.sparse_ops",
     "optim": "paritykit.checks.optim",
     "planner": "paritykit.checks.planner",
+    "modules": "paritykit.checks.modules",
     "fixtures": "paritykit.checks.golden",
 }
 

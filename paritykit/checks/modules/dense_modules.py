@@ -1,0 +1,172 @@
+"""Each dense torchrec module as the check builds it from a spec, beside its reference.
+
+``build(spec)`` returns torchrec's module (its parameters then overwritten with seeded values, biases
+and norms included, so that a misplaced bias shows) and ``reference(spec, params, inputs)`` evaluates
+the module's documented formula (formulas.py) on copies of those parameters, found by their
+state-dict names. Activations are drawn as torchrec accepts them: a function (``torch.relu``), a
+string (``"relu"``, ``"sigmoid"``, ``"swish_layernorm"``), one module shared by every layer
+(``nn.Tanh()``) or a factory called once per layer (``lambda: nn.Sigmoid()``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from paritykit.checks.modules import formulas
+from paritykit.errors import HarnessError, ParityError
+
+Params = dict[str, torch.Tensor]
+
+# activation name -> (what torchrec is given, factory of it; the formula's function)
+ACTIVATIONS: dict[str, tuple[Callable[[], Any], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "torch.relu": (lambda: torch.relu, formulas.relu),
+    "torch.sigmoid": (lambda: torch.sigmoid, formulas.sigmoid),
+    "'relu'": (lambda: "relu", formulas.relu),
+    "'sigmoid'": (lambda: "sigmoid", formulas.sigmoid),
+    "nn.Tanh()": (lambda: torch.nn.Tanh(), formulas.tanh),
+    "lambda: nn.Sigmoid()": (lambda: (lambda: torch.nn.Sigmoid()), formulas.sigmoid),
+}
+SWISH = "'swish_layernorm'"
+MLP_ACTIVATIONS = tuple(ACTIVATIONS) + (SWISH,)
+PERCEPTRON_ACTIVATIONS = ("torch.relu", "torch.sigmoid", "nn.Tanh()", "SwishLayerNorm(out)")
+MIXTURE_ACTIVATIONS = ("torch.relu", "torch.sigmoid", "nn.Tanh()")
+# The modules whose constructor takes the dtype (the others are moved with .to(dtype), as users do).
+TAKES_DTYPE = ("perceptron", "mlp", "deep_fm")
+KINDS = ("perceptron", "mlp", "swish_layer_norm", "cross_net", "low_rank_cross_net", "vector_cross_net",
+         "mixture_cross_net", "factorization_machine", "deep_fm")
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """One dense module and its input. ``sizes``: the MLP's layer sizes (Perceptron: one); ``dims``:
+    the (N_k, D_k) of each embedding (FM, DeepFM), or SwishLayerNorm's (d1, d2) with ``norm_dims``
+    normalized; ``layers``, ``rank``, ``experts``: the cross nets'."""
+
+    kind: str
+    batch: int
+    width: int = 4
+    sizes: tuple[int, ...] = ()
+    activation: str = "torch.relu"
+    bias: bool = True
+    activation_on_last: bool = True
+    layers: int = 1
+    rank: int = 1
+    experts: int = 1
+    dims: tuple[tuple[int, int], ...] = ()
+    norm_dims: int = 1
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def case_id(self) -> str:
+        fields = {"perceptron": f"in={self.width} out={self.sizes} act={self.activation} bias={self.bias}",
+                  "mlp": f"in={self.width} sizes={self.sizes} act={self.activation} bias={self.bias} last_act={self.activation_on_last}",
+                  "swish_layer_norm": f"shape={self.dims} normalized_dims={self.norm_dims}",
+                  "cross_net": f"N={self.width} layers={self.layers}",
+                  "low_rank_cross_net": f"N={self.width} layers={self.layers} rank={self.rank}",
+                  "vector_cross_net": f"N={self.width} layers={self.layers}",
+                  "mixture_cross_net": f"N={self.width} layers={self.layers} rank={self.rank} experts={self.experts} act={self.activation}",
+                  "factorization_machine": f"embeddings={self.dims}",
+                  "deep_fm": f"embeddings={self.dims} mlp={self.sizes} act={self.activation}"}[self.kind]
+        return f"{self.kind} {fields} B={self.batch} {self.dtype} seed={self.seed}"
+
+
+def _generator(spec: DenseSpec, *parts: Any) -> torch.Generator:
+    from paritykit.harness.seeding import generator
+
+    return generator("modules", spec.case_id(), *parts)
+
+
+def _mlp(spec: DenseSpec, in_size: int) -> torch.nn.Module:
+    from torchrec.modules.mlp import MLP
+
+    kwargs: dict[str, Any] = {"bias": spec.bias, "dtype": spec.torch_dtype}
+    if not spec.activation_on_last:
+        if "activation_on_last" not in inspect.signature(MLP).parameters:
+            raise HarnessError("this torchrec's MLP has no activation_on_last: the spec asks for it")
+        kwargs["activation_on_last"] = False
+    activation = "swish_layernorm" if spec.activation == SWISH else ACTIVATIONS[spec.activation][0]()
+    return MLP(in_size, list(spec.sizes), activation=activation, **kwargs)
+
+
+def _perceptron(spec: DenseSpec) -> torch.nn.Module:
+    from torchrec.modules.activation import SwishLayerNorm
+    from torchrec.modules.mlp import Perceptron
+
+    out = spec.sizes[0]
+    # SwishLayerNorm takes no dtype: the user moves it to the Perceptron's dtype.
+    swish = spec.activation == "SwishLayerNorm(out)"
+    activation = SwishLayerNorm(out).to(spec.torch_dtype) if swish else ACTIVATIONS[spec.activation][0]()
+    return Perceptron(spec.width, out, bias=spec.bias, activation=activation, dtype=spec.torch_dtype)
+
+
+def _module(spec: DenseSpec) -> torch.nn.Module:
+    from torchrec.modules import crossnet, deepfm
+    from torchrec.modules.activation import SwishLayerNorm
+
+    n, layers = spec.width, spec.layers
+    if spec.kind == "perceptron":
+        return _perceptron(spec)
+    if spec.kind == "mlp":
+        return _mlp(spec, n)
+    if spec.kind == "swish_layer_norm":
+        d1, d2 = spec.dims[0]
+        return SwishLayerNorm(d2 if spec.norm_dims == 1 else [d1, d2])
+    if spec.kind == "cross_net":
+        return crossnet.CrossNet(n, layers)
+    if spec.kind == "low_rank_cross_net":
+        return crossnet.LowRankCrossNet(n, layers, low_rank=spec.rank)
+    if spec.kind == "vector_cross_net":
+        return crossnet.VectorCrossNet(n, layers)
+    if spec.kind == "mixture_cross_net":
+        return crossnet.LowRankMixtureCrossNet(n, layers, num_experts=spec.experts, low_rank=spec.rank,
+                                               activation=ACTIVATIONS[spec.activation][0]())
+    if spec.kind == "factorization_machine":
+        return deepfm.FactorizationMachine()
+    if spec.kind == "deep_fm":
+        return deepfm.DeepFM(dense_module=_mlp(spec, sum(a * b for a, b in spec.dims)))
+    raise HarnessError(f"unknown dense module kind {spec.kind!r}; known: {', '.join(KINDS)}")
+
+
+def build(spec: DenseSpec) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """torchrec's module in the spec's dtype with seeded parameters, and its seeded inputs."""
+    module = _module(spec)
+    if spec.kind not in TAKES_DTYPE:
+        module = module.to(spec.torch_dtype)
+    wrong = [(name, p.dtype) for name, p in module.named_parameters() if p.dtype != spec.torch_dtype]
+    if wrong:
+        raise ParityError(f"{spec.kind} built with dtype={spec.dtype} has {wrong[0][0]} in {wrong[0][1]} "
+                          f"({len(wrong)} parameter(s) not in {spec.dtype}) [{spec.case_id()}]")
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            values = torch.randn(param.shape, generator=_generator(spec, name), dtype=torch.float64)
+            fan_in = param.shape[-1] if param.dim() > 1 else 1
+            scale = 1.0 / fan_in ** 0.5 if param.dim() > 1 else 0.5
+            # LayerNorm's scale near one (as trained), every other parameter centred on zero.
+            param.copy_(1.0 + 0.25 * values if name.endswith("norm.0.weight") else scale * values)
+    return module, _inputs(spec)
+
+
+def _inputs(spec: DenseSpec) -> list[torch.Tensor]:
+    def draw(*shape: int, part: int = 0) -> torch.Tensor:
+        return torch.randn(shape, generator=_generator(spec, "input", part), dtype=torch.float64).to(spec.torch_dtype)
+
+    if spec.kind in ("factorization_machine", "deep_fm"):
+        return [draw(spec.batch, n, d, part=k) for k, (n, d) in enumerate(spec.dims)]
+    if spec.kind == "swish_layer_norm":
+        return [draw(spec.batch, *spec.dims[0])]
+    return [draw(spec.batch, spec.width)]
+
+
+def call(spec: DenseSpec, module: torch.nn.Module, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """torchrec's forward as users call it."""
+    if spec.kind in ("factorization_machine", "deep_fm"):
+        return module(embeddings=inputs)
+    return module(inputs[0])

@@ -1,0 +1,71 @@
+"""The reference side of a dense case: the documented formula (formulas.py) on copies of torchrec's
+parameters, read by their state-dict names (the names are torchrec's public checkpoint format)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from paritykit.checks.modules import formulas
+from paritykit.checks.modules.dense_modules import ACTIVATIONS, SWISH, DenseSpec, Params
+from paritykit.errors import HarnessError
+
+Tensor = torch.Tensor
+
+
+def _activation(spec: DenseSpec, params: Params, prefix: str, width: int) -> Callable[[Tensor], Tensor]:
+    """The formula of the activation named by the spec, for the layer whose parameters start with ``prefix``."""
+    if spec.activation in (SWISH, "SwishLayerNorm(out)"):
+        weight, bias = params[f"{prefix}_activation_fn.norm.0.weight"], params[f"{prefix}_activation_fn.norm.0.bias"]
+        return lambda x: formulas.swish_layer_norm(x, 1, weight, bias)
+    return ACTIVATIONS[spec.activation][1]
+
+
+def _mlp(spec: DenseSpec, params: Params, x: Tensor, prefix: str) -> Tensor:
+    layers = []
+    for i, size in enumerate(spec.sizes):
+        at = f"{prefix}_mlp.{i}."
+        last_bare = not spec.activation_on_last and i == len(spec.sizes) - 1
+        activation = (lambda t: t) if last_bare else _activation(spec, params, at, size)
+        layers.append((params[f"{at}_linear.weight"], params.get(f"{at}_linear.bias"), activation))
+    return formulas.mlp(x, layers)
+
+
+def _per_layer(params: Params, name: str, layers: int) -> list[Tensor]:
+    return [params[f"{name}.{layer}"] for layer in range(layers)]
+
+
+def _mixture(spec: DenseSpec, params: Params, x: Tensor) -> Tensor:
+    layers = [{"U": params[f"U_kernels.{l}"], "C": params[f"C_kernels.{l}"], "V": params[f"V_kernels.{l}"],
+               "b": params[f"bias.{l}"].reshape(-1)} for l in range(spec.layers)]
+    gates = None if spec.experts == 1 else [params[f"gates.{i}.weight"].reshape(-1) for i in range(spec.experts)]
+    return formulas.mixture_cross_net(x, layers, gates, ACTIVATIONS[spec.activation][1])
+
+
+def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
+    """The module's documented output for ``inputs`` under ``params``."""
+    x, layers = inputs[0], spec.layers
+    if spec.kind == "perceptron":
+        activation = _activation(spec, params, "", spec.sizes[0])
+        return formulas.mlp(x, [(params["_linear.weight"], params.get("_linear.bias"), activation)])
+    if spec.kind == "mlp":
+        return _mlp(spec, params, x, "")
+    if spec.kind == "swish_layer_norm":
+        return formulas.swish_layer_norm(x, spec.norm_dims, params["norm.0.weight"], params["norm.0.bias"])
+    if spec.kind == "cross_net":
+        biases = [b.reshape(-1) for b in _per_layer(params, "bias", layers)]
+        return formulas.cross_net(x, _per_layer(params, "kernels", layers), biases)
+    if spec.kind == "low_rank_cross_net":
+        return formulas.low_rank_cross_net(x, _per_layer(params, "W_kernels", layers), _per_layer(params, "V_kernels", layers),
+                                           _per_layer(params, "bias", layers))
+    if spec.kind == "vector_cross_net":
+        kernels = [k.reshape(-1) for k in _per_layer(params, "kernels", layers)]
+        return formulas.vector_cross_net(x, kernels, [b.reshape(-1) for b in _per_layer(params, "bias", layers)])
+    if spec.kind == "mixture_cross_net":
+        return _mixture(spec, params, x)
+    if spec.kind == "factorization_machine":
+        return formulas.factorization_machine(inputs)
+    if spec.kind == "deep_fm":
+        return _mlp(spec, params, formulas.flatten_concat(inputs), "dense_module.")
+    raise HarnessError(f"no reference for dense module kind {spec.kind!r}")

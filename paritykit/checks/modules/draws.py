@@ -1,0 +1,103 @@
+"""The drawn dense cases (hypothesis), one strategy per module family, and the pinned ones each
+family always runs first: the configurations its planted bugs need (two cross layers, so that x_l
+is not x_0; several experts, a batch of several samples; embeddings of one dimension; SwishLayerNorm
+over two dimensions; an MLP with its last activation)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from paritykit.checks.modules.dense_modules import (MIXTURE_ACTIVATIONS, MLP_ACTIVATIONS, PERCEPTRON_ACTIVATIONS, SWISH,
+                                                    DenseSpec)
+
+DTYPES = ("float32", "float64")
+_batch = st.integers(1, 6)
+_width = st.integers(1, 8)
+_layers = st.integers(1, 4)
+_seed = st.integers(0, 2**16)
+_dtype = st.sampled_from(DTYPES)
+# A LayerNorm over few elements is ill-conditioned: its gradient passes through 1 / sqrt(var + eps), and
+# two or three values drawn close together make that 1 / sqrt(eps) (its rounding then dominates any
+# bound stated in the terms' size). SwishLayerNorm normalizes over four elements at least in the draws.
+SWISH_SMALLEST = 4
+
+
+@st.composite
+def _mlp(draw: st.DrawFn, kind: str = "mlp") -> DenseSpec:
+    activation = draw(st.sampled_from(MLP_ACTIVATIONS))
+    # MLP("swish_layernorm") ignores its dtype (a known issue): float32 only in the draws.
+    dtype = "float32" if activation == SWISH else draw(_dtype)
+    smallest = SWISH_SMALLEST if activation == SWISH else 1
+    sizes = tuple(draw(st.lists(st.integers(smallest, 8), min_size=1, max_size=3)))
+    return DenseSpec(kind, draw(_batch), draw(_width), sizes, activation, draw(st.booleans()), draw(st.booleans()),
+                     dtype=dtype, seed=draw(_seed))
+
+
+@st.composite
+def _perceptron(draw: st.DrawFn) -> DenseSpec:
+    activation = draw(st.sampled_from(PERCEPTRON_ACTIVATIONS))
+    out = draw(st.integers(SWISH_SMALLEST if activation == "SwishLayerNorm(out)" else 1, 8))
+    return DenseSpec("perceptron", draw(_batch), draw(_width), (out,), activation, draw(st.booleans()), dtype=draw(_dtype),
+                     seed=draw(_seed))
+
+
+@st.composite
+def _swish(draw: st.DrawFn) -> DenseSpec:
+    norm_dims = draw(st.sampled_from((1, 2)))
+    last = draw(st.integers(SWISH_SMALLEST if norm_dims == 1 else 2, 6))
+    shape = (draw(st.integers(1 if norm_dims == 1 else 2, 4)), last)
+    return DenseSpec("swish_layer_norm", draw(_batch), dims=(shape,), norm_dims=norm_dims,
+                     dtype=draw(_dtype), seed=draw(_seed))
+
+
+@st.composite
+def _cross(draw: st.DrawFn, kind: str) -> DenseSpec:
+    rank = draw(st.integers(1, 4)) if kind in ("low_rank_cross_net", "mixture_cross_net") else 1
+    experts = draw(st.integers(1, 4)) if kind == "mixture_cross_net" else 1
+    activation = draw(st.sampled_from(MIXTURE_ACTIVATIONS)) if kind == "mixture_cross_net" else "torch.relu"
+    return DenseSpec(kind, draw(_batch), draw(_width), layers=draw(_layers), rank=rank, experts=experts,
+                     activation=activation, dtype=draw(_dtype), seed=draw(_seed))
+
+
+_embeddings = st.lists(st.tuples(st.integers(1, 2), st.integers(1, 4)), min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def _fm(draw: st.DrawFn) -> DenseSpec:
+    return DenseSpec("factorization_machine", draw(_batch), dims=draw(_embeddings), dtype=draw(_dtype), seed=draw(_seed))
+
+
+@st.composite
+def _deep_fm(draw: st.DrawFn) -> DenseSpec:
+    mlp = draw(_mlp("deep_fm"))
+    return DenseSpec("deep_fm", mlp.batch, sizes=mlp.sizes, activation=mlp.activation, bias=mlp.bias,
+                     activation_on_last=mlp.activation_on_last, dims=draw(_embeddings), dtype=mlp.dtype, seed=mlp.seed)
+
+
+def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
+    """Module family -> its strategy, in gate order."""
+    return {
+        "perceptron": _perceptron(),
+        "mlp": _mlp(),
+        "swish_layer_norm": _swish(),
+        "cross_net": _cross("cross_net"),
+        "low_rank_cross_net": _cross("low_rank_cross_net"),
+        "vector_cross_net": _cross("vector_cross_net"),
+        "mixture_cross_net": _cross("mixture_cross_net"),
+        "factorization_machine": _fm(),
+        "deep_fm": _deep_fm(),
+    }
+
+
+PINNED: dict[str, tuple[DenseSpec, ...]] = {
+    "perceptron": (DenseSpec("perceptron", 3, 4, (3,), "SwishLayerNorm(out)"),),
+    "mlp": (DenseSpec("mlp", 4, 5, (4, 3), "torch.relu"), DenseSpec("mlp", 3, 5, (4, 2), SWISH),
+            DenseSpec("mlp", 3, 4, (3, 2), "lambda: nn.Sigmoid()", activation_on_last=False, dtype="float64")),
+    "swish_layer_norm": (DenseSpec("swish_layer_norm", 3, dims=((3, 4),), norm_dims=2),),
+    "cross_net": (DenseSpec("cross_net", 3, 5, layers=2),),
+    "low_rank_cross_net": (DenseSpec("low_rank_cross_net", 3, 6, layers=2, rank=2),),
+    "vector_cross_net": (DenseSpec("vector_cross_net", 3, 5, layers=2),),
+    "mixture_cross_net": (DenseSpec("mixture_cross_net", 4, 5, layers=2, rank=2, experts=3, activation="nn.Tanh()"),),
+    "factorization_machine": (DenseSpec("factorization_machine", 3, dims=((2, 3), (3, 3))),),
+    "deep_fm": (DenseSpec("deep_fm", 3, sizes=(4, 1), dims=((2, 3), (1, 4))),),
+}

@@ -1,0 +1,31 @@
+"""The modules check's gate entry: every dense module family (pinned specs, then drawn ones) against
+its formula, the managed-collision remapper against its eviction policy, MC-EC/EBC against the remap
+plus a hand lookup, and the known-broken reproductions. Everything runs in the caller, on CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paritykit.checks.modules.dense_cases import run_dense_case
+from paritykit.checks.modules.draws import PINNED, strategies
+from paritykit.checks.modules.known_broken import KNOWN_BROKEN
+from paritykit.checks.modules.mc_lookup_cases import mc_properties
+from paritykit.checks.results import CaseResult
+from paritykit.checks.runner import GateConfig, run_case, run_property
+
+NAME = "modules"
+CPU_ONLY = "the modules check builds its modules on CPU in this version (the dense formulas are device-independent)"
+
+
+def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
+    if config.device != "cpu":
+        return [CaseResult(NAME, "modules", "skip", replay=config.replay(NAME), message=CPU_ONLY)]
+    results: list[CaseResult] = []
+    for family, strategy in strategies().items():
+        results += run_property(NAME, strategy, run_dense_case, config, case_id=lambda spec: spec.case_id(),
+                                explicit=PINNED[family])
+    for strategy, body, pinned in mc_properties():
+        results += run_property(NAME, strategy, body, config, case_id=lambda spec: spec.case_id(), explicit=pinned)
+    for rule, (what, body) in KNOWN_BROKEN.items():
+        results.append(run_case(NAME, f"known-broken {rule}: {what}", config, body))
+    return results

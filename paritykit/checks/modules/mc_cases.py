@@ -1,0 +1,109 @@
+"""Managed collision: MCHManagedCollisionModule (LFU eviction) against the pure-Python model of what
+it keeps (mc_reference.py), and ManagedCollisionEmbeddingCollection / EmbeddingBagCollection against
+the remap followed by a lookup by hand.
+
+For the remapper, after every training forward: every output id lies in [offset, offset + zch_size);
+an id the model says holds a slot gets a slot other than the default, distinct ids distinct slots,
+and the same slot as long as it stays; every other id gets the default slot; lengths are unchanged.
+Then in eval mode every id maps as the final table says, twice (eval changes nothing).
+For MC-EC/EBC (return_remapped_features=True): the remapped features are held to the same rules, and
+the embeddings equal the table's rows at the remapped ids (EC: bit for bit; EBC: summed per sample,
+norm-wise), their gradient a scatter-add by hand of the upstream gradient at those ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from hypothesis import strategies as st
+
+from paritykit.checks.modules.mc_reference import LfuTable
+from paritykit.errors import ParityError
+
+
+@dataclass(frozen=True)
+class MCSpec:
+    """``steps``: the ids of each training forward (the same number each time), with ``cuts``: where
+    feature f0 ends and f1 starts (MC-EC/EBC) or where the batch's first sample ends (the remapper)."""
+
+    module: str  # "remapper", "mc-ec" or "mc-ebc"
+    zch_size: int
+    eviction_interval: int
+    steps: tuple[tuple[int, ...], ...]
+    cuts: tuple[int, ...]
+    offset: int = 0
+    seed: int = 0
+
+    def case_id(self) -> str:
+        return (f"{self.module} zch_size={self.zch_size} eviction_interval={self.eviction_interval} offset={self.offset} "
+                f"steps={list(map(list, self.steps))} cuts={list(self.cuts)} seed={self.seed}")
+
+
+@st.composite
+def mc_specs(draw: st.DrawFn, module: str) -> MCSpec:
+    zch = draw(st.integers(2, 8))
+    per_step = draw(st.integers(1, 6))
+    universe = draw(st.integers(1, 3 * zch))
+    steps = draw(st.lists(st.lists(st.integers(0, universe - 1), min_size=per_step, max_size=per_step).map(tuple),
+                          min_size=1, max_size=6).map(tuple))
+    cuts = tuple(draw(st.integers(0, per_step)) for _ in steps)
+    offset = draw(st.integers(0, 20)) if module == "remapper" else 0
+    return MCSpec(module, zch, draw(st.integers(1, 3)), steps, cuts, offset, draw(st.integers(0, 2**16)))
+
+
+class SlotRules:
+    """The remapper's stated behaviour, checked output after output against the model."""
+
+    def __init__(self, spec: MCSpec) -> None:
+        self.spec, self.model, self.slots = spec, LfuTable(spec.zch_size, spec.eviction_interval), {}
+        self.default = spec.offset + spec.zch_size - 1
+
+    def record(self, ids: list[int]) -> None:
+        for gone in self.model.train_forward(ids):
+            self.slots.pop(gone, None)
+
+    def check(self, ids: list[int], remapped: list[int], where: str) -> None:
+        spec, seen = self.spec, {}
+        for id_, slot in zip(ids, remapped):
+            what = f"{where}: id {id_} -> slot {slot} [{spec.case_id()}]"
+            if not spec.offset <= slot < spec.offset + spec.zch_size:
+                raise ParityError(f"{what}: outside [{spec.offset}, {spec.offset + spec.zch_size})")
+            if not self.model.holds(id_):
+                if slot != self.default:
+                    raise ParityError(f"{what}: LFU gives this id no slot, so it must get the default slot {self.default}")
+                continue
+            if slot == self.default:
+                raise ParityError(f"{what}: the id holds a slot under LFU ({sorted(self.model.counts)}), not the default one")
+            if seen.setdefault(slot, id_) != id_:
+                raise ParityError(f"{what}: ids {seen[slot]} and {id_} share a slot")
+            if self.slots.setdefault(id_, slot) != slot:
+                raise ParityError(f"{what}: the id held slot {self.slots[id_]} and was not evicted since")
+
+
+def _remapper(spec: MCSpec) -> Any:
+    from torchrec.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
+
+    return MCHManagedCollisionModule(zch_size=spec.zch_size, device=torch.device("cpu"), eviction_policy=LFU_EvictionPolicy(),
+                                     eviction_interval=spec.eviction_interval, output_global_offset=spec.offset)
+
+
+def run_remapper_case(spec: MCSpec) -> dict[str, Any]:
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    module, rules = _remapper(spec), SlotRules(spec)
+    module.train()
+    for step, (ids, cut) in enumerate(zip(spec.steps, spec.cuts)):
+        lengths = torch.tensor([cut, len(ids) - cut])
+        out = module({"t": JaggedTensor(values=torch.tensor(ids, dtype=torch.int64), lengths=lengths)})["t"]
+        rules.record(list(ids))
+        if not torch.equal(out.lengths(), lengths):
+            raise ParityError(f"training forward {step}: lengths {out.lengths().tolist()} != {lengths.tolist()} [{spec.case_id()}]")
+        rules.check(list(ids), out.values().tolist(), f"training forward {step}")
+    module.eval()
+    every = sorted({i for ids in spec.steps for i in ids})
+    for call in range(2):
+        out = module({"t": JaggedTensor(values=torch.tensor(every, dtype=torch.int64), lengths=torch.tensor([len(every)]))})["t"]
+        rules.check(every, out.values().tolist(), f"eval forward {call}")
+    return {"forwards": len(spec.steps) + 2, "ids_holding_slots": len(rules.model.counts)}

@@ -1,0 +1,173 @@
+"""Planted bugs that the `modules` check must catch: each a realistic slip in torchrec.modules.
+
+Each one changes what torchrec computes (tests/test_modules_plants.py shows it on torchrec alone
+first), and a pinned case of the check catches it with the self-test's few examples.
+"""
+
+from __future__ import annotations
+
+from typing import ContextManager
+
+import torch
+
+from paritykit.harness.patching import replaced
+from paritykit.harness.plants import register
+
+CHECK = "modules"
+
+
+@register("cross-layer-uses-x-l-for-x0", check=CHECK)
+def cross_layer_uses_x_l_for_x0() -> ContextManager[None]:
+    """CrossNet's layers multiply by x_l where the formula has x_0 (x_{l+1} = x_l * (W x_l + b) + x_l)."""
+    from torchrec.modules.crossnet import CrossNet
+
+    def forward(self, input):
+        x_l = input.unsqueeze(2)
+        for layer in range(self._num_layers):
+            x_l = x_l * (torch.matmul(self.kernels[layer], x_l) + self.bias[layer]) + x_l
+        return torch.squeeze(x_l, dim=2)
+
+    return replaced(CrossNet, "forward", lambda _original: forward)
+
+
+@register("low-rank-factor-transposed", check=CHECK)
+def low_rank_factor_transposed() -> ContextManager[None]:
+    """LowRankCrossNet applies its factors as x_l W V (transposed) instead of W (V x_l)."""
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    def forward(self, input):
+        x_0 = x_l = input
+        for layer in range(self._num_layers):
+            x_l_w = torch.matmul(torch.matmul(x_l, self.W_kernels[layer]), self.V_kernels[layer])
+            x_l = x_0 * (x_l_w + self.bias[layer]) + x_l
+        return x_l
+
+    return replaced(LowRankCrossNet, "forward", lambda _original: forward)
+
+
+@register("vector-cross-bias-inside-product", check=CHECK)
+def vector_cross_bias_inside_product() -> ContextManager[None]:
+    """VectorCrossNet adds its bias inside the product with x_0 (x_0 (x_l . w + b) + x_l), not after it."""
+    from torchrec.modules.crossnet import VectorCrossNet
+
+    def forward(self, input):
+        x_0 = x_l = input.unsqueeze(2)
+        for layer in range(self._num_layers):
+            xl_w = torch.tensordot(x_l, self.kernels[layer], dims=([1], [0]))
+            x_l = x_0 * (xl_w + self.bias[layer]) + x_l
+        return torch.squeeze(x_l, dim=2)
+
+    return replaced(VectorCrossNet, "forward", lambda _original: forward)
+
+
+@register("mixture-gating-softmax-over-batch", check=CHECK)
+def mixture_gating_softmax_over_batch() -> ContextManager[None]:
+    """LowRankMixtureCrossNet normalizes its gates with a softmax over the batch instead of the experts."""
+    import torchrec.modules.crossnet as crossnet
+
+    real_softmax = torch.nn.functional.softmax
+
+    class _Functional:
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+        @staticmethod
+        def softmax(gating, dim=None, *args, **kwargs):
+            return real_softmax(gating, 0 if dim == 1 else dim, *args, **kwargs)
+
+    class _Nn:
+        functional = _Functional()
+
+        def __getattr__(self, name):
+            return getattr(torch.nn, name)
+
+    class _Torch:
+        nn = _Nn()
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    return replaced(crossnet, "torch", lambda _original: _Torch())
+
+
+@register("fm-over-field-axis", check=CHECK)
+def fm_over_field_axis() -> ContextManager[None]:
+    """FactorizationMachine crosses the fields per embedding dimension (the paper's axis) instead of
+    every flattened input, whenever all embeddings have one dimension."""
+    from torchrec.modules.deepfm import FactorizationMachine
+
+    def planted(original):
+        def forward(self, embeddings):
+            if len({e.shape[-1] for e in embeddings}) != 1:
+                return original(self, embeddings)
+            fields = torch.cat(list(embeddings), dim=1)  # (B, N, D)
+            square_of_sum = fields.sum(dim=1) ** 2
+            sum_of_square = (fields * fields).sum(dim=1)
+            return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
+
+        return forward
+
+    return replaced(FactorizationMachine, "forward", planted)
+
+
+@register("mlp-drops-last-activation", check=CHECK)
+def mlp_drops_last_activation() -> ContextManager[None]:
+    """MLP leaves its last Perceptron without an activation, as if activation_on_last were False."""
+    from torchrec.modules.mlp import MLP
+
+    def planted(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if hasattr(self, "_mlp") and len(self._mlp):
+                self._mlp[-1]._activation_fn = torch.nn.Identity()
+
+        return __init__
+
+    return replaced(MLP, "__init__", planted)
+
+
+@register("swish-layernorm-last-dim-only", check=CHECK)
+def swish_layernorm_last_dim_only() -> ContextManager[None]:
+    """SwishLayerNorm normalizes over the last dimension only, whatever input_dims names."""
+    from torchrec.modules.activation import SwishLayerNorm
+
+    def planted(original):
+        def __init__(self, input_dims, device=None):
+            last = input_dims if isinstance(input_dims, int) else list(input_dims)[-1]
+            original(self, last, device)
+
+        return __init__
+
+    return replaced(SwishLayerNorm, "__init__", planted)
+
+
+@register("mch-default-slot-off-by-one", check=CHECK)
+def mch_default_slot_off_by_one() -> ContextManager[None]:
+    """MCHManagedCollisionModule maps ids without a slot to offset + zch_size, one past its range."""
+    import torchrec.modules.mc_modules as mc_modules
+
+    def planted(original):
+        def remap(features, sorted_raw_ids, remapped_ids_mapping, zch_index):
+            return original(features, sorted_raw_ids, remapped_ids_mapping, zch_index + 1)
+
+        return remap
+
+    return replaced(mc_modules, "_mch_remap", planted)
+
+
+@register("lfu-ties-favour-new-ids", check=CHECK)
+def lfu_ties_favour_new_ids() -> ContextManager[None]:
+    """LFU eviction lets a new id with as many hits as a held one take its slot (ties go to the newcomer)."""
+    from torchrec.modules.mc_modules import MCHEvictionPolicy
+
+    def planted(original):
+        def select(self, pivot, eviction_scores):
+            # Held ids come first in the scores: reversing each tie's order hands ties to new ids.
+            ranks = torch.arange(eviction_scores.numel(), dtype=torch.float64) / (eviction_scores.numel() + 1)
+            keep_max = eviction_scores == torch.iinfo(torch.int64).max
+            nudged = torch.where(keep_max, eviction_scores.double(), eviction_scores.double() + ranks)
+            return original(self, pivot, nudged)
+
+        return select
+
+    return replaced(MCHEvictionPolicy, "_compute_selected_eviction_and_replacement_indices", planted)
