@@ -31,6 +31,7 @@ NEXT_STACK_SUBSET = (
     "warmup-multiplier-one-step-late",
     "sharded-load-ignores-shard-offsets",
     "cross-layer-uses-x-l-for-x0",
+    "planner-drops-min-partition",
 )
 
 
@@ -38,7 +39,7 @@ def test_catalog_has_at_least_twelve_plants_over_every_check():
     catalog = plant_catalog()
     checks = {plant.check for plant in catalog.values()}
     assert len(catalog) >= 12
-    assert {"td-kjt", "sharding", "pipeline", "checkpoint", "sync", "sparse-ops", "optim", "modules", "fixtures"} <= checks
+    assert {"td-kjt", "sharding", "pipeline", "checkpoint", "sync", "sparse-ops", "optim", "planner", "modules", "fixtures"} <= checks
     assert set(FAST_SUBSET) <= set(catalog)
     # One plant per check of the registry (this suite's stand-in check registers plants of its own).
     assert {catalog[name].check for name in NEXT_STACK_SUBSET} == set(CHECK_PACKAGES)
