@@ -21,6 +21,7 @@ from paritykit.checks.sparse_ops.kjt_op_cases import kjt_op_cases
 from paritykit.checks.sparse_ops.known_broken import KNOWN_BROKEN, run_on_rank
 from paritykit.checks.sparse_ops.kt_cases import kt_cases
 from paritykit.checks.sparse_ops.op_budgets import op_budgets
+from paritykit.checks.sparse_ops.validator_cases import validator_cases
 from paritykit.dist.launcher import launched_by_torchrun
 
 NAME = "sparse-ops"
@@ -31,7 +32,7 @@ CRASH_POOL_WORLD_SIZE = 1
 
 def op_cases() -> list[OpCase]:
     """Every op case, in gate order."""
-    return kjt_constructor_cases() + kjt_op_cases() + kjt_dist_cases() + jt_cases() + kt_cases() + grad_cases()
+    return kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + jt_cases() + kt_cases() + grad_cases()
 
 
 def run_op(case: OpCase, config: GateConfig) -> list[CaseResult]:
