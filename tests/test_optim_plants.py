@@ -36,10 +36,40 @@ def moved(clean: list[dict], planted: list[dict]) -> list:
     return [d for a, b in zip(clean, planted) for d in find_differences(b, a, exact=True)]
 
 
+# plants only the dense (rank-less) cases reach -> index of the pinned dense case that catches it
+DENSE_ONLY_PLANTS = {"rowwise-adagrad-load-recasts-step": 1}
+
+
 def test_every_optim_plant_has_a_case():
     import paritykit.checks.optim.plants  # noqa: F401 - registers them
 
-    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES)
+    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(DENSE_ONLY_PLANTS)
+
+
+def _loaded_step_dtype():
+    """torchrec alone: the step dtype of a RowWiseAdagrad loaded from a checkpoint storing float64 steps."""
+    import torch
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    param = torch.nn.Parameter(torch.ones(3, 2))
+    saved = RowWiseAdagrad([param], lr=0.1).state_dict()
+    saved["state"][0]["step"] = torch.tensor(5.0, dtype=torch.float64)
+    fresh = RowWiseAdagrad([param], lr=0.1)
+    fresh.load_state_dict(saved)
+    return fresh.state[param]["step"].dtype
+
+
+@pytest.mark.parametrize("plant", sorted(DENSE_ONLY_PLANTS))
+def test_the_dense_only_plant_moves_torchrec_and_the_dense_case_catches_it(plant):
+    import paritykit.checks.optim.plants  # noqa: F401
+
+    case = pinned_dense_cases()[DENSE_ONLY_PLANTS[plant]]
+    clean = _loaded_step_dtype()
+    with plants.applied([plant]):
+        assert _loaded_step_dtype() != clean, f"{plant} leaves torchrec's loaded state unchanged"
+        with pytest.raises(ParityError, match="after load_state_dict"):
+            run_dense_case(case)
+    assert run_dense_case(case)["compared"] > 0
 
 
 @pytest.mark.world_size(2)
