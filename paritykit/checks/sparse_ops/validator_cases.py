@@ -168,15 +168,22 @@ def verdict(kjt: Any, num_embeddings: dict[str, int] | None) -> tuple[str | None
     configs = None if num_embeddings is None else [
         EmbeddingBagConfig(name=f"t_{key}", embedding_dim=4, num_embeddings=n, feature_names=[key]) for key, n in num_embeddings.items()]
     handler, logger = _Warnings(), logging.getLogger(LOGGER)
+    # The warnings are the validator's soft verdict: heard whatever quieted torchrec's logs
+    # (paritykit.harness.noise, logging.disable), recorded here and not printed.
+    level, propagate, disabled = logger.level, logger.propagate, logging.root.manager.disable
     logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False  # the verdict is recorded here, not printed
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logging.disable(logging.NOTSET)
     try:
         returned = validate_keyed_jagged_tensor(kjt, configs)
     except ValueError as exc:
         return str(exc), None, handler.messages
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
         logger.propagate = propagate
+        logging.disable(disabled)
     return None, returned, handler.messages
 
 
