@@ -1,9 +1,9 @@
 """EmbeddingCollection lookups and ``construct_jagged_tensors`` against a hand computation of their meaning.
 
 - ``ec.lookup``: an unsharded ``EmbeddingCollection`` whose tables serve one or several features
-  each (a table shared by features), ``need_indices`` on or off, against the lookups by hand: per
-  feature, its rows with each id replaced by its table's row (and, with ``need_indices``, the ids as
-  the JaggedTensor's weights).
+  each (a table shared by features) and features served by two tables (``feature@table`` outputs),
+  ``need_indices`` on or off, against the lookups by hand: per lookup, the feature's rows with each
+  id replaced by the table's row (and, with ``need_indices``, the ids as the JaggedTensor's weights).
 - ``construct_jagged_tensors`` (torchrec/modules/utils.py): the sharded EC's output builder, called
   as the sharded EC calls it for column-wise shards: the features with a key once per shard (the
   same rows), each shard's embeddings one after the other, a shard order
@@ -37,17 +37,21 @@ MAX_SHARDS = 3
 @dataclass(frozen=True)
 class LookupSpec:
     kjt: KJTSpec  # a fixed batch of ids
-    table_of_key: tuple[int, ...]  # per key, the table that serves it
-    rows: tuple[int, ...]  # per table, num_embeddings (ids are taken modulo it)
+    tables_of_key: tuple[tuple[int, ...], ...]  # per key, the tables that serve it (several: a shared feature)
+    rows: tuple[int, ...]  # per table, num_embeddings (a key's ids are taken modulo its smallest table)
     dim: int
     need_indices: bool
     seed: int
 
+    def output_name(self, key: str, table: int) -> str:
+        """torchrec's name of a lookup: the feature, or ``feature@table`` when several tables serve it."""
+        return f"{key}@t{table}" if len(self.tables_of_key[self.kjt.keys.index(key)]) > 1 else key
+
 
 def _ids_in_tables(spec: LookupSpec) -> RefKJT:
     ref = spec.kjt.reference()
-    values = tuple(tuple(i % spec.rows[t] for i in ids) for ids, t in zip(ref.values, spec.table_of_key))
-    return replace(ref, values=values)
+    bounds = [min(spec.rows[t] for t in tables) for tables in spec.tables_of_key]
+    return replace(ref, values=tuple(tuple(i % bound for i in ids) for ids, bound in zip(ref.values, bounds)))
 
 
 def _feature_jt(ref: RefKJT, k: int, rows_of_ids: tuple, dim: int, need_indices: bool) -> RefJT:
@@ -64,29 +68,30 @@ def _lookup(spec: LookupSpec) -> dict[str, Any]:
     rng = random.Random(spec.seed)
     weights = [draw_values(rng, "float32", rows, spec.dim) for rows in spec.rows]
     configs = [EmbeddingConfig(name=f"t{t}", embedding_dim=spec.dim, num_embeddings=rows,
-                               feature_names=[key for key, owner in zip(ref.keys, spec.table_of_key) if owner == t])
+                               feature_names=[key for key, tables in zip(ref.keys, spec.tables_of_key) if t in tables])
                for t, rows in enumerate(spec.rows)]
     ec = EmbeddingCollection(tables=configs, need_indices=spec.need_indices)
     with torch.no_grad():
         for t, table in enumerate(weights):
             ec.embeddings[f"t{t}"].weight.copy_(flat_tensor(table, "float32", spec.dim))
     out = ec(build_kjt(ref, spec.kjt.form, spec.kjt.metadata))
-    expect_value(sorted(out), sorted(ref.keys), "sorted(EmbeddingCollection(...)(kjt))")
-    for k, key in enumerate(ref.keys):
-        table = weights[spec.table_of_key[k]]
-        expect_jt(out[key], _feature_jt(ref, k, tuple(table[i] for i in ref.values[k]), spec.dim, spec.need_indices),
-                  f"EmbeddingCollection(need_indices={spec.need_indices})(kjt)[{key!r}] (table t{spec.table_of_key[k]})")
-    return {"features": len(ref.keys), "tables": len(spec.rows)}
+    names = {spec.output_name(key, t): (k, t) for k, key in enumerate(ref.keys) for t in spec.tables_of_key[k]}
+    expect_value(sorted(out), sorted(names), "sorted(EmbeddingCollection(...)(kjt))")
+    for name, (k, t) in names.items():
+        expect_jt(out[name], _feature_jt(ref, k, tuple(weights[t][i] for i in ref.values[k]), spec.dim, spec.need_indices),
+                  f"EmbeddingCollection(need_indices={spec.need_indices})(kjt)[{name!r}] (table t{t})")
+    return {"lookups": len(names), "tables": len(spec.rows)}
 
 
 @st.composite
 def _lookup_specs(draw: st.DrawFn) -> LookupSpec:
     kjt = draw(kjt_specs(variable=False, weighted=False).filter(lambda s: kjt_drawable(s, to_dict=True)))
-    owners = draw(st.lists(st.integers(0, len(kjt.keys) - 1), min_size=len(kjt.keys), max_size=len(kjt.keys)))
-    used = sorted(set(owners))  # tables numbered by first use: none left without a feature
-    table_of_key = tuple(used.index(o) for o in owners)
+    count = draw(st.integers(1, len(kjt.keys) + 1))
+    owners = [draw(st.sets(st.integers(0, count - 1), min_size=1, max_size=2)) for _ in kjt.keys]
+    used = sorted(set().union(*owners))  # tables renumbered: none left without a feature
+    tables_of_key = tuple(tuple(sorted(used.index(t) for t in tables)) for tables in owners)
     rows = tuple(draw(st.lists(st.integers(1, 9), min_size=len(used), max_size=len(used))))
-    return LookupSpec(kjt, table_of_key, rows, draw(st.integers(1, 4)), draw(st.booleans()), draw(st.integers(0, 2**31 - 1)))
+    return LookupSpec(kjt, tables_of_key, rows, draw(st.integers(1, 4)), draw(st.booleans()), draw(st.integers(0, 2**31 - 1)))
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def _construct_specs(draw: st.DrawFn) -> ConstructSpec:
 
 
 UNWEIGHTED = replace(PINNED_FIXED, weighted=False)
-PINNED_LOOKUPS = (LookupSpec(UNWEIGHTED, (0, 1, 0), (5, 3), 3, True, 61), LookupSpec(UNWEIGHTED, (0, 0, 0), (7,), 2, False, 62))
+PINNED_LOOKUPS = (LookupSpec(UNWEIGHTED, ((0,), (0, 1), (1,)), (5, 3), 3, True, 61), LookupSpec(UNWEIGHTED, ((0,), (0,), (0,)), (7,), 2, False, 62))
 PINNED_CONSTRUCTS = (ConstructSpec(UNWEIGHTED, (2, 1, 3), ((1, 0), None, (2, 0, 1)), 2, True, 63),)
 
 
