@@ -20,6 +20,7 @@ from paritykit.checks.sparse_ops.gradients import expect_grads, tag_kjt, tag_kt
 from paritykit.checks.sparse_ops.reference import Array, kjt_permute, kjt_to_dict
 from paritykit.checks.sparse_ops.reference_keyed import kt_regroup
 from paritykit.checks.sparse_ops.rules import (
+    CONSTRUCT_ZERO_BATCH,
     MULTI_EMBEDDING_UNUSED_KEY_GRAD,
     OFFSETS_ZERO_BATCH,
     PADDED_DENSE_NO_ROWS,
@@ -29,6 +30,7 @@ from paritykit.checks.sparse_ops.rules import (
     VBE_PERMUTE_NO_GRAD,
 )
 from paritykit.checks.sparse_ops.specs import JTSpec, KJTSpec, KTSpec
+from paritykit.checks.sparse_ops.embedding_cases import construct_zero_batch
 from paritykit.checks.sparse_ops.validator_cases import KNOWN_BROKEN_VALIDATOR
 
 ZERO_BATCH = KJTSpec(("f0", "f1"), ((), ()), None, 0, True, "int64", "float32", "int32", "lengths", False, 41)
@@ -122,6 +124,7 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], None] | None]] = {
     VBE_PERMUTE_NO_GRAD: ("weights' gradient through a VBE KJT's permute", _vbe_permute_no_grad),
     MULTI_EMBEDDING_UNUSED_KEY_GRAD: ("gradient of a key in no group through KTRegroupAsDict", _multi_embedding_unused_key_grad),
     **KNOWN_BROKEN_VALIDATOR,
+    CONSTRUCT_ZERO_BATCH: ("construct_jagged_tensors of column shards with a batch of no samples", construct_zero_batch),
 }
 
 
