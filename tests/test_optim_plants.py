@@ -38,12 +38,14 @@ def moved(clean: list[dict], planted: list[dict]) -> list:
 
 # plants of torchrec's fused-optimizer module: the pinned FusedEmbeddingBagCollection case they move
 FUSED_MODULE_PLANTS = {"fused-module-rowwise-adagrad-as-adagrad": 2}
+# plants only the dense (rank-less) cases reach -> index of the pinned dense case that catches it
+DENSE_ONLY_PLANTS = {"rowwise-adagrad-load-recasts-step": 8}
 
 
 def test_every_optim_plant_has_a_case():
     import paritykit.checks.optim.plants  # noqa: F401 - registers them
 
-    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(FUSED_MODULE_PLANTS)
+    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(FUSED_MODULE_PLANTS) | set(DENSE_ONLY_PLANTS)
 
 
 def _fused_module_tables(case) -> dict:
@@ -72,6 +74,32 @@ def test_the_fused_module_plant_moves_torchrecs_numbers_and_the_check_catches_it
         with pytest.raises(ParityError, match="differs from the plain module trained by"):
             run_fused_module_case(case)
     assert run_fused_module_case(case)["steps"] == len(case.steps)
+
+
+def _loaded_step_dtype():
+    """torchrec alone: the step dtype of a RowWiseAdagrad loaded from a checkpoint storing float64 steps."""
+    import torch
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    param = torch.nn.Parameter(torch.ones(3, 2))
+    saved = RowWiseAdagrad([param], lr=0.1).state_dict()
+    saved["state"][0]["step"] = torch.tensor(5.0, dtype=torch.float64)
+    fresh = RowWiseAdagrad([param], lr=0.1)
+    fresh.load_state_dict(saved)
+    return fresh.state[param]["step"].dtype
+
+
+@pytest.mark.parametrize("plant", sorted(DENSE_ONLY_PLANTS))
+def test_the_dense_only_plant_moves_torchrec_and_the_dense_case_catches_it(plant):
+    import paritykit.checks.optim.plants  # noqa: F401
+
+    case = pinned_dense_cases()[DENSE_ONLY_PLANTS[plant]]
+    clean = _loaded_step_dtype()
+    with plants.applied([plant]):
+        assert _loaded_step_dtype() != clean, f"{plant} leaves torchrec's loaded state unchanged"
+        with pytest.raises(ParityError, match="after load_state_dict"):
+            run_dense_case(case)
+    assert run_dense_case(case)["compared"] > 0
 
 
 @pytest.mark.world_size(2)

@@ -130,3 +130,18 @@ def test_under_torchrun_the_crashing_case_is_skipped_on_the_launchs_ranks(monkey
     results = [r for r in run_known_broken(GateConfig(device="cpu", world_sizes=(4,)), LaunchPools())
                if rules.PERMUTE_GRAD_NOT_BIJECTIVE in r.case_id]
     assert (asked, [(r.status, r.message) for r in results]) == ([4], [("skip", NOT_UNDER_TORCHRUN)])
+
+
+def test_the_validators_soft_verdict_is_heard_when_torchrecs_logs_are_quieted():
+    import logging
+
+    from paritykit.checks.sparse_ops.validator_cases import ONE_RANK_VBE, ValidateSpec, build_raw, corrupted, verdict
+    from paritykit.harness.noise import quiet_known_noise
+
+    quiet_known_noise()
+    spec = ValidateSpec(ONE_RANK_VBE, "vbe-strides-sum")
+    logger = logging.getLogger("torchrec.sparse.jagged_tensor_validator")
+    before = (logger.level, logger.propagate, logger.handlers[:])
+    error, returned, warned = verdict(build_raw(corrupted(spec), spec.kjt), None)
+    assert error is None and len(warned) == 1 and "must equal" in warned[0]
+    assert (logger.level, logger.propagate, logger.handlers) == before

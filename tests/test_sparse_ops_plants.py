@@ -79,6 +79,46 @@ def _concat_length_per_key_syncs():
     return [torch.tensor(record.total)]
 
 
+def _first_offset_verdict():
+    """1 where validate_keyed_jagged_tensor rejects a KJT whose offsets start at 1, else 0."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from torchrec.sparse.jagged_tensor_validator import validate_keyed_jagged_tensor
+
+    kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), offsets=torch.tensor([1, 2, 4, 4, 5]))
+    try:
+        validate_keyed_jagged_tensor(kjt)
+    except ValueError:
+        return [torch.tensor(1)]
+    return [torch.tensor(0)]
+
+
+def _length_per_key_from_offsets():
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), offsets=torch.tensor([0, 1, 3, 3, 5]))
+    return [torch.tensor(kjt.length_per_key())]
+
+
+def _ec_with_indices():
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    torch.manual_seed(0)
+    ec = EmbeddingCollection(tables=[EmbeddingConfig(name="t", embedding_dim=2, num_embeddings=5, feature_names=["a", "b"])],
+                             need_indices=True)
+    out = ec(_kjt().permute([0, 1]))
+    return [t for jt in out.values() for t in (jt.values().detach(), jt.lengths(), jt.weights_or_none())]
+
+
+def _constructed_shards():
+    from torchrec.modules.utils import construct_jagged_tensors
+
+    features = _kjt().permute([0, 0])  # key a once per column shard
+    embeddings = torch.arange(2.0 * features.values().numel()).reshape(-1, 2)
+    out = construct_jagged_tensors(embeddings, features, ["a", "a"], features_to_permute_indices={"a": [1, 0]})
+    return [out["a"].values()]
+
+
 # plant -> what torchrec computes that the plant changes (tensors, compared bit for bit).
 TORCHREC_NUMBERS = {
     "regroup-misorders-second-kt-keys": _regroup,
@@ -92,6 +132,10 @@ TORCHREC_NUMBERS = {
     "kt-regroup-module-ignores-emb-dtype": _regroup_module,
     "getitem-reads-offsets": _getitem_syncs,
     "kjt-concat-drops-length-per-key": _concat_length_per_key_syncs,
+    "validator-skips-first-offset": _first_offset_verdict,
+    "offsets-only-length-per-key-empty": _length_per_key_from_offsets,
+    "ec-drops-need-indices": _ec_with_indices,
+    "construct-jagged-tensors-ignores-shard-order": _constructed_shards,
 }
 
 

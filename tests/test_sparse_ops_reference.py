@@ -158,3 +158,45 @@ def test_expect_jt_fails_on_a_moved_weight():
     jt = JaggedTensor(values=torch.tensor([3, 4]), lengths=torch.tensor([1, 1]), weights=torch.tensor([1.5, 0.5]))
     with pytest.raises(ParityError, match=r"jt.weights_or_none\(\)\[0\]"):
         expect_jt(jt, ref, "jt")
+
+
+def _raw(**changes):
+    from paritykit.checks.sparse_ops.reference_validity import RawKJT
+
+    # keys a, b; batch of 2: a's rows [10], [11, 12]; b's rows [], [20]
+    base = dict(keys=("a", "b"), values=(10, 11, 12, 20), lengths=(1, 2, 0, 1), offsets=(0, 1, 3, 3, 4), weights=4, stride=2,
+                strides=None)
+    return RawKJT(**{**base, **changes})
+
+
+@pytest.mark.parametrize("changes, problem", [
+    ({}, None),
+    ({"offsets": None}, None),
+    ({"lengths": None, "stride": None}, None),
+    ({"stride": None, "strides": ((2,), (2,))}, None),
+    ({"lengths": (2, 1, 0, 1), "offsets": None}, None),  # another valid batch
+    ({"lengths": None, "offsets": None}, "neither lengths nor offsets"),
+    ({"lengths": (-1, 4, 0, 1), "offsets": None}, "lengths[0] = -1 is negative"),
+    ({"lengths": None, "offsets": (0, 4, 3, 3, 4)}, "offsets decrease at 2 (4 -> 3)"),
+    ({"offsets": (1, 1, 3, 3, 4)}, "offsets start at 1, not 0"),
+    ({"lengths": (2, 1, 0, 1)}, "the offsets are not the cumulative sum of the lengths"),
+    ({"keys": ("a", "a")}, "keys repeat: ['a', 'a']"),
+    ({"stride": 1}, "4 rows are not 2 keys of the batch size 1"),
+    ({"weights": 3}, "3 weights for 4 values"),
+    ({"stride": None, "strides": ((4,),)}, "samples given for 1 keys, not the 2 keys"),
+    ({"stride": None, "strides": ((2, 0), (2, 0))}, "samples per key for several ranks (user input is one rank's)"),
+    ({"stride": None, "strides": ((2,), (3,))}, "samples per key sum to 5, not the 4 rows"),
+    ({"keys": (), "stride": None}, "no keys but 4 rows"),
+])
+def test_validity_reference_names_the_one_rule_a_kjt_breaks(changes, problem):
+    from paritykit.checks.sparse_ops.reference_validity import kjt_problems
+
+    assert kjt_problems(_raw(**changes))[:1] == ([] if problem is None else [problem])
+
+
+def test_ids_out_of_range_are_named_per_key_a_table_serves():
+    from paritykit.checks.sparse_ops.reference_validity import ids_per_key, out_of_range
+
+    assert ids_per_key(_raw()) == {"a": (10, 11, 12), "b": (20,)}
+    assert out_of_range(_raw(), {"a": 13, "b": 20}) == ["b: ids 20..20 outside [0, 20)"]
+    assert out_of_range(_raw(), {"a": 13}) == []

@@ -14,11 +14,13 @@ Gradients are drawn from the case's seed; every number is compared within the no
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from paritykit.checks.optim.step_forms import checkpointed, expect_loaded_like_torch
 from paritykit.engine.optim_reference import HandRowWiseAdagrad
 from paritykit.engine.optim_schedule import scheduled_lr
 from paritykit.engine.optim_wrapping import Warmup, warmup_stages
@@ -36,9 +38,12 @@ class RowWiseCase:
     seed: int = 0
     # Before this step: a fresh RowWiseAdagrad loads the state_dict (torch's, through __setstate__).
     resume_at: int | None = None
+    # How the checkpoint stores each step (STEP_FORMS): as saved, a float64 tensor (an optimizer
+    # made under a float64 default dtype), a Python number (older checkpoints).
+    step_saved_as: str = "tensor"
 
     def case_id(self) -> str:
-        resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
+        resume = f" resume before step {self.resume_at} (step saved as {self.step_saved_as})" if self.resume_at is not None else ""
         return f"dense row-wise Adagrad {dict(self.kwargs)} steps={self.steps}{resume} seed={self.seed}"
 
 
@@ -95,8 +100,10 @@ def run_row_wise(case: RowWiseCase) -> dict[str, Any]:
         raise ParityError(f"{case.case_id()}: RowWiseAdagrad.share_memory() left an accumulator unshared")
     for step in range(case.steps):
         if step == case.resume_at:
-            saved, optimizer = optimizer.state_dict(), RowWiseAdagrad(list(theirs.values()), **kwargs)
-            optimizer.load_state_dict(saved)
+            saved = checkpointed(optimizer.state_dict(), case.step_saved_as)
+            optimizer = RowWiseAdagrad(list(theirs.values()), **kwargs)
+            optimizer.load_state_dict(copy.deepcopy(saved))
+            expect_loaded_like_torch(optimizer, saved, theirs, kwargs, case.case_id())
         for name, grad in _grads(case.seed, step, theirs).items():
             theirs[name].grad, ours[name].grad = grad.clone(), grad.clone()
         optimizer.step()
@@ -105,6 +112,9 @@ def run_row_wise(case: RowWiseCase) -> dict[str, Any]:
         _check(f"parameters after step {step}", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
     state = {f"{n}/sum": optimizer.state[p]["sum"] for n, p in theirs.items()}
     expected = {f"{n}/sum": next(r.state[p]["sum"] for r in references if p in r.state) for n, p in ours.items()}
+    counted = {n: float(optimizer.state[p]["step"]) for n, p in theirs.items()}
+    if any(c != case.steps for c in counted.values()):
+        raise ParityError(f"{case.case_id()}: steps counted {counted}, {case.steps} were taken")
     return {"compared": case.steps * len(theirs) + _check("accumulators", state, expected, case.case_id())}
 
 

@@ -25,6 +25,7 @@ from paritykit.checks.optim.cases import OptimCase
 from paritykit.checks.optim.contract_cases import SemiSyncCase
 from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
 from paritykit.checks.optim.known_broken import repair
+from paritykit.checks.optim.step_forms import STEP_FORMS
 from paritykit.engine.optim_wrapping import (Clipping, DenseGroup, HyperParameterChange, LearningRateChange, OptimizerWrapping, Warmup,
                                              WarmupStageSpec)
 from paritykit.harness.tables import TableSpec
@@ -138,7 +139,8 @@ def dense_cases(draw: Any) -> Any:
                   "weight_decay": draw(st.sampled_from((0.0, 0.01, 0.1))), "eps": draw(st.sampled_from((1e-10, 1e-8, 1e-3))),
                   "initial_accumulator_value": draw(st.sampled_from((0.0, 0.1, 1.0))), "maximize": draw(st.booleans())}
         steps = draw(st.integers(2, 5))
-        return RowWiseCase(tuple(sorted(kwargs.items())), steps=steps, seed=seed, resume_at=draw(st.none() | st.integers(1, steps - 1)))
+        return RowWiseCase(tuple(sorted(kwargs.items())), steps=steps, seed=seed, resume_at=draw(st.none() | st.integers(1, steps - 1)),
+                           step_saved_as=draw(st.sampled_from(STEP_FORMS)))
     if kind == "schedule":
         warmup = draw(warmup_stage_list(first_may_be_inv_sqrt=True))
         steps = warmup.stages[-1].max_iters + draw(st.integers(1, 3))

@@ -121,3 +121,19 @@ def fused_module_rowwise_adagrad_as_adagrad() -> ContextManager[None]:
         return convert_optimizer_type_and_kwargs
 
     return replaced(fused_modules, "convert_optimizer_type_and_kwargs", planted)
+@register("rowwise-adagrad-load-recasts-step", check=CHECK)
+def rowwise_adagrad_load_recasts_step() -> ContextManager[None]:
+    """RowWiseAdagrad.load_state_dict turns every loaded step into a new float32 tensor, whatever dtype
+    the checkpoint stored (a float64 step stops counting at 2**24 in float32)."""
+    import torch
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    def planted(original):
+        def recast_steps(self, state):
+            original(self, state)
+            for entry in self.state.values():
+                entry["step"] = torch.tensor(float(entry["step"]), dtype=torch.float32)
+
+        return recast_steps
+
+    return replaced(RowWiseAdagrad, "__setstate__", planted)

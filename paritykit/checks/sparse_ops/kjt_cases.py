@@ -40,6 +40,9 @@ PINNED_KJTS = (PINNED_FIXED, PINNED_VBE, PINNED_EMPTY_BATCH)
 
 def _accessors(spec: KJTSpec) -> None:
     ref = spec.reference()
+    # The metadata asked first, before anything computed the lengths from offsets-only input.
+    expect_value(build_kjt(ref, spec.form, spec.metadata).length_per_key(), ref.length_per_key(), "kjt.length_per_key() asked first")
+    expect_value(build_kjt(ref, spec.form, spec.metadata).offset_per_key(), ref.offset_per_key(), "kjt.offset_per_key() asked first")
     kjt = build_kjt(ref, spec.form, spec.metadata)
     # What was given is there; what was not is computed on demand, not before.
     expect_value(kjt.lengths_or_none() is not None, "lengths" in spec.form, "kjt.lengths_or_none() is not None")

@@ -20,6 +20,7 @@ from paritykit.checks.sparse_ops.gradients import expect_grads, tag_kjt, tag_kt
 from paritykit.checks.sparse_ops.reference import Array, kjt_permute, kjt_to_dict
 from paritykit.checks.sparse_ops.reference_keyed import kt_regroup
 from paritykit.checks.sparse_ops.rules import (
+    CONSTRUCT_ZERO_BATCH,
     MULTI_EMBEDDING_UNUSED_KEY_GRAD,
     OFFSETS_ZERO_BATCH,
     PADDED_DENSE_NO_ROWS,
@@ -29,6 +30,8 @@ from paritykit.checks.sparse_ops.rules import (
     VBE_PERMUTE_NO_GRAD,
 )
 from paritykit.checks.sparse_ops.specs import JTSpec, KJTSpec, KTSpec
+from paritykit.checks.sparse_ops.embedding_cases import construct_zero_batch
+from paritykit.checks.sparse_ops.validator_cases import KNOWN_BROKEN_VALIDATOR
 
 ZERO_BATCH = KJTSpec(("f0", "f1"), ((), ()), None, 0, True, "int64", "float32", "int32", "lengths", False, 41)
 WEIGHTED = KJTSpec(("f0", "f1"), ((2, 0, 1), (1, 3, 0)), None, 3, True, "int64", "float32", "int64", "lengths", False, 42)
@@ -120,6 +123,8 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], None] | None]] = {
     PERMUTE_GRAD_NOT_BIJECTIVE: ("weights' gradient through permute([1, 0, 1]), on a rank", None),
     VBE_PERMUTE_NO_GRAD: ("weights' gradient through a VBE KJT's permute", _vbe_permute_no_grad),
     MULTI_EMBEDDING_UNUSED_KEY_GRAD: ("gradient of a key in no group through KTRegroupAsDict", _multi_embedding_unused_key_grad),
+    **KNOWN_BROKEN_VALIDATOR,
+    CONSTRUCT_ZERO_BATCH: ("construct_jagged_tensors of column shards with a batch of no samples", construct_zero_batch),
 }
 
 

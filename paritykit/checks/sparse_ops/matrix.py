@@ -13,6 +13,7 @@ from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case, run_property
 from paritykit.checks.sparse_ops.budget import OpBudget, check_op_budget, functions_of, measure
 from paritykit.checks.sparse_ops.cases import OpCase
+from paritykit.checks.sparse_ops.embedding_cases import embedding_cases
 from paritykit.checks.sparse_ops.grad_cases import grad_cases
 from paritykit.checks.sparse_ops.jt_cases import jt_cases
 from paritykit.checks.sparse_ops.kjt_cases import kjt_constructor_cases
@@ -21,6 +22,7 @@ from paritykit.checks.sparse_ops.kjt_op_cases import kjt_op_cases
 from paritykit.checks.sparse_ops.known_broken import KNOWN_BROKEN, run_on_rank
 from paritykit.checks.sparse_ops.kt_cases import kt_cases
 from paritykit.checks.sparse_ops.op_budgets import op_budgets
+from paritykit.checks.sparse_ops.validator_cases import validator_cases
 from paritykit.dist.launcher import launched_by_torchrun
 
 NAME = "sparse-ops"
@@ -31,7 +33,7 @@ CRASH_POOL_WORLD_SIZE = 1
 
 def op_cases() -> list[OpCase]:
     """Every op case, in gate order."""
-    return kjt_constructor_cases() + kjt_op_cases() + kjt_dist_cases() + jt_cases() + kt_cases() + grad_cases()
+    return kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + jt_cases() + kt_cases() + embedding_cases() + grad_cases()
 
 
 def run_op(case: OpCase, config: GateConfig) -> list[CaseResult]:

@@ -197,3 +197,67 @@ def kjt_concat_drops_length_per_key() -> ContextManager[None]:
         return staticmethod(concat)
 
     return replaced(KeyedJaggedTensor, "concat", planted)
+@register("validator-skips-first-offset", check=CHECK)
+def validator_skips_first_offset() -> ContextManager[None]:
+    """validate_keyed_jagged_tensor no longer checks that the offsets start at 0 (the last one still must
+    be the number of values): a KJT whose first row starts at id 1 passes."""
+    import torch
+    import torchrec.sparse.jagged_tensor_validator as validator
+
+    def planted(original):
+        def first_offset_unchecked(offsets, values):
+            return original(torch.cat([offsets.new_zeros(1), offsets[1:]]) if offsets.numel() else offsets, values)
+
+        return first_offset_unchecked
+
+    return replaced(validator, "_validate_offsets", planted)
+
+
+@register("offsets-only-length-per-key-empty", check=CHECK)
+def offsets_only_length_per_key_empty() -> ContextManager[None]:
+    """A KJT given only offsets computes no length_per_key (the offsets branch skipped) until something
+    has computed its lengths: asked first, length_per_key() is []."""
+    import torchrec.sparse.jagged_tensor as jagged_tensor
+
+    def planted(original):
+        def skip_offsets(*args, **kwargs):
+            if kwargs.get("lengths") is None and kwargs.get("length_per_key") is None:
+                return []
+            return original(*args, **kwargs)
+
+        return skip_offsets
+
+    return replaced(jagged_tensor, "_maybe_compute_length_per_key", planted)
+
+
+@register("ec-drops-need-indices", check=CHECK)
+def ec_drops_need_indices() -> ContextManager[None]:
+    """An unsharded EmbeddingCollection built with need_indices=True returns its features without their ids."""
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    def planted(original):
+        def forward(self, features):
+            need, self._need_indices = self._need_indices, False
+            try:
+                return original(self, features)
+            finally:
+                self._need_indices = need
+
+        return forward
+
+    return replaced(EmbeddingCollection, "forward", planted)
+
+
+@register("construct-jagged-tensors-ignores-shard-order", check=CHECK)
+def construct_jagged_tensors_ignores_shard_order() -> ContextManager[None]:
+    """construct_jagged_tensors joins a feature's column shards in the order of the features, ignoring
+    features_to_permute_indices (the CW shards' order on the ranks)."""
+    import torchrec.modules.utils as utils
+
+    def planted(original):
+        def in_feature_order(*args, **kwargs):
+            return original(*args, **{**kwargs, "features_to_permute_indices": None})
+
+        return in_feature_order
+
+    return replaced(utils, "construct_jagged_tensors", planted)

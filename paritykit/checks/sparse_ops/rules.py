@@ -23,9 +23,19 @@ VBE_PERMUTE_NO_GRAD = "vbe-kjt-permute-weights-no-grad"
 # The gradient of a key left out of every group, through fbgemm's permute_multi_embedding
 # (KTRegroupAsDict, permute_multi_embedding, regroup_kts).
 MULTI_EMBEDDING_UNUSED_KEY_GRAD = "kt-multi-embedding-unused-key-grad"
+# validate_keyed_jagged_tensor accepts a KJT with a negative row length (lengths summing right, or
+# offsets that decrease between a right first and last one).
+VALIDATOR_NEGATIVE_ROW = "kjt-validator-negative-row-length"
+# validate_keyed_jagged_tensor accepts a fixed batch whose explicit stride disagrees with its lengths.
+VALIDATOR_STRIDE_MISMATCH = "kjt-validator-stride-mismatch"
+# validate_keyed_jagged_tensor returns True for an invalid variable-batch KJT (it only logs a warning).
+VALIDATOR_VBE_VERDICT = "kjt-validator-vbe-verdict-dropped"
+# construct_jagged_tensors (the sharded EC's output builder) of features with a batch of no samples.
+CONSTRUCT_ZERO_BATCH = "construct-jagged-tensors-zero-batch"
 
 RULES = (TO_DICT_ZERO_BATCH, OFFSETS_ZERO_BATCH, PADDED_DENSE_NO_ROWS, REGROUP_KEY_DIM_0,
-         PERMUTE_GRAD_NOT_BIJECTIVE, VBE_PERMUTE_NO_GRAD, MULTI_EMBEDDING_UNUSED_KEY_GRAD)
+         PERMUTE_GRAD_NOT_BIJECTIVE, VBE_PERMUTE_NO_GRAD, MULTI_EMBEDDING_UNUSED_KEY_GRAD, VALIDATOR_NEGATIVE_ROW,
+         VALIDATOR_STRIDE_MISMATCH, VALIDATOR_VBE_VERDICT, CONSTRUCT_ZERO_BATCH)
 
 
 def kept_out(rule: str) -> bool:
