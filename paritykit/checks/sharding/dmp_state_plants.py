@@ -18,19 +18,27 @@ CHECK = "sharding"
 
 @register("reshard-row-wise-state-not-copied", check=CHECK)
 def reshard_row_wise_state_not_copied() -> ContextManager[None]:
-    """A resharded table's 1-D optimizer state (row-wise Adagrad's accumulator) is received but not copied
-    into its new shard: it restarts from zero; 2-D state (Adagrad) still moves."""
-    from torchrec.distributed.sharding import dynamic_sharding
+    """A resharded table's 1-D optimizer state (row-wise Adagrad's accumulator) is reset after the transfer:
+    the moved tables restart row-wise Adagrad from zero; 2-D state (Adagrad) still moves."""
+    from torchrec.distributed import embeddingbag
 
     def planted(original: Any) -> Any:
-        def update(old_opt_state, new_opt_state, changed_sharding_params, extend_shard_name=lambda x: x, comm_metadata=None):
-            if comm_metadata is not None and comm_metadata.comm_op.tensor.dim() == 1:
-                return None
-            return original(old_opt_state, new_opt_state, changed_sharding_params, extend_shard_name, comm_metadata)
+        def update(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            changed = kwargs.get("changed_sharding_params", {})
+            state = (kwargs.get("new_optimizer_state") or {}).get("state", {})
+            for key, entries in state.items():
+                if key.split(".")[-2] in changed:
+                    for value in entries.values():
+                        for shard in getattr(value, "local_shards", lambda: [])():
+                            if shard.tensor.dim() == 1:
+                                shard.tensor.zero_()
+            return result
 
         return update
 
-    return replaced(dynamic_sharding, "_update_optimizer_state_post_resharding", planted)
+    # The sharded EBC calls the name it imported from dynamic_sharding.
+    return replaced(embeddingbag, "update_state_dictionaries", planted)
 
 
 @register("reshard-split-offsets-restart", check=CHECK)

@@ -24,7 +24,7 @@ import torch
 
 from paritykit.checks.sharding.case_runner import case_setup
 from paritykit.checks.sharding.cases import ShardingCase
-from paritykit.checks.sharding.dmp_models import build_ebc_under_dense
+from paritykit.checks.sharding.dmp_models import DENSE_OUT, EbcUnderDense
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.setup import build_setup
 from paritykit.engine.training import TrainingSetup, build_model
@@ -34,10 +34,33 @@ from paritykit.harness.shards import Piece, assemble, detached, local_pieces
 MISSING, UNEXPECTED = "missing", "unexpected"
 
 
+class _Scale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("factor", torch.linspace(0.5, 1.5, DENSE_OUT))
+
+
+class EbcUnderNestedDense(EbcUnderDense):
+    """EbcUnderDense with a buffer two plain modules down (``head.0.factor``, as a norm layer's running
+    statistics in a dense tower): DMP must list it once, under its name."""
+
+    def __init__(self, tables: Any, seed: int) -> None:
+        super().__init__(tables, seed)
+        self.head = torch.nn.Sequential(_Scale())
+
+    def forward(self, kjt):
+        out = super().forward(kjt)
+        return {**out, "dense": out["dense"] * self.head[0].factor}
+
+
+def build_ebc_under_nested_dense(tables: Any, seed: int) -> torch.nn.Module:
+    return EbcUnderNestedDense(tables, seed)
+
+
 @dataclass(frozen=True)
 class SurfaceCase:
     """``base`` gives the tables, plan and seed; ``model`` is "ebc-under-dense" (the base's EBC under a
-    dense layer with a buffer) or "module" (the base's own EBC/EC)."""
+    dense layer, buffers beside it and two modules down: EbcUnderNestedDense) or "module" (the base's own EBC/EC)."""
 
     base: ShardingCase
     model: str = "ebc-under-dense"
@@ -62,7 +85,7 @@ def surface_setup(case: SurfaceCase, device: str = "cpu") -> TrainingSetup:
         return case_setup(base, device)
     if case.model != "ebc-under-dense" or base.module != "ebc":
         raise HarnessError(f"state-surface case: model {case.model!r} on {base.module!r} is not one this case builds")
-    return build_setup(functools.partial(build_ebc_under_dense, base.tables, base.seed), torchrec_plan(base), batches_of(base),
+    return build_setup(functools.partial(build_ebc_under_nested_dense, base.tables, base.seed), torchrec_plan(base), batches_of(base),
                        embedding_optimizer=base.optimizer, dense_optimizer=base.dense_optimizer, seed=base.seed, device=device)
 
 
