@@ -14,7 +14,7 @@ from paritykit.engine.training import assemble_records, train_on_rank
 from paritykit.errors import ParityError, RankFailure
 from paritykit.harness import plants
 
-RESHARD_PLANTS = {"reshard-row-wise-state-not-copied": (2, "reshard-rowwise"), "reshard-split-offsets-restart": (3, "reshard-split")}
+RESHARD_PLANTS = {"reshard-row-wise-state-not-copied": (2, "reshard-rowwise")}
 # plant -> (index of its case in surface_cases, the record entries it moves)
 SURFACE_PLANTS = {
     "dmp-named-buffers-recurse-into-sharded": (0, ("buffers",)),
@@ -50,10 +50,44 @@ def test_the_row_wise_reshard_plant_moves_the_state_and_its_case_catches_it(rank
     _reshard_plant(rank_pool, "reshard-row-wise-state-not-copied")
 
 
+def _split_offsets_restart(original):
+    """The planted bug of the split case: a column block split between two new blocks sends every piece
+    from its first column (the running source offset restarts at 0 for each piece)."""
+    def allocate(*args, **kwargs):
+        mapping = original(*args, **kwargs)
+        return {src: [(shard, local, dst, [0, end - start]) for shard, local, dst, (start, end) in moves]
+                for src, moves in mapping.items()}
+
+    return allocate
+
+
+def train_with_split_offsets_restart(setup):
+    """On every rank: train_on_rank with the planted bug (not in the catalog: selftest runs two ranks)."""
+    from torchrec.distributed.sharding import dynamic_sharding
+
+    from paritykit.harness.patching import replaced
+
+    with replaced(dynamic_sharding, "_generate_shard_allocation_metadata", _split_offsets_restart):
+        return train_on_rank(setup)
+
+
 @pytest.mark.slow
 @pytest.mark.world_size(3)
-def test_the_split_offsets_plant_moves_the_state_and_its_case_catches_it(rank_pool):
-    _reshard_plant(rank_pool, "reshard-split-offsets-restart")
+def test_the_split_offsets_plant_moves_the_state_and_the_split_case_catches_it(rank_pool):
+    from paritykit.checks.sharding.dmp_cases import tolerance_of
+    from paritykit.engine.comparison import compare_records
+    from paritykit.engine.reference import train_reference
+    from paritykit.harness.sharded import gradient_division
+
+    case = next(case for case in reshard_cases(3) if case.name == "reshard-split")
+    setup = dmp_setup(case)
+    clean = assemble_records(rank_pool.call(train_on_rank, (setup,)))
+    planted = assemble_records(rank_pool.call(train_with_split_offsets_restart, (setup,)))
+    assert find_differences(planted.state, clean.state, exact=True), "the plant leaves the resharded tables unchanged"
+    reference = train_reference(setup, division=gradient_division())
+    with pytest.raises(ParityError, match="differs"):
+        compare_records(planted, reference, tolerance_of(case), case.describe())
+    assert compare_records(clean, reference, tolerance_of(case), case.describe())["steps"] == 3
 
 
 @pytest.mark.world_size(2)

@@ -1,8 +1,10 @@
 """Planted bugs in the torchrec code the resharding and state-surface cases cover
-(dmp_reshard_cases.py, dmp_surface.py): dynamic resharding's offsets and row-wise optimizer state, DMP's
+(dmp_reshard_cases.py, dmp_surface.py): dynamic resharding's row-wise optimizer state, DMP's
 buffer listing, a sharded state dict's load and the EC's DTensor state dict. Registered for the sharding
 check (plants.py imports this module); each is shown by tests/test_dmp_state_plants.py to move
-torchrec's own state and to be caught. None touches the unsharded module.
+torchrec's own state and to be caught. None touches the unsharded module. The split of a column block
+(three ranks) has its planted bug in tests/test_dmp_state_plants.py, applied on the ranks by the test:
+``paritykit selftest`` runs the catalog on two ranks, where no reshard splits a block.
 """
 
 from __future__ import annotations
@@ -39,23 +41,6 @@ def reshard_row_wise_state_not_copied() -> ContextManager[None]:
 
     # The sharded EBC calls the name it imported from dynamic_sharding.
     return replaced(embeddingbag, "update_state_dictionaries", planted)
-
-
-@register("reshard-split-offsets-restart", check=CHECK)
-def reshard_split_offsets_restart() -> ContextManager[None]:
-    """A column shard split between two new shards sends every piece from its first column: the running
-    source offset restarts at 0 for each piece."""
-    from torchrec.distributed.sharding import dynamic_sharding
-
-    def planted(original: Any) -> Any:
-        def allocate(*args: Any, **kwargs: Any) -> Any:
-            mapping = original(*args, **kwargs)
-            return {src: [(shard, local, dst, [0, end - start]) for shard, local, dst, (start, end) in moves]
-                    for src, moves in mapping.items()}
-
-        return allocate
-
-    return replaced(dynamic_sharding, "_generate_shard_allocation_metadata", planted)
 
 
 @register("dmp-named-buffers-recurse-into-sharded", check=CHECK)
