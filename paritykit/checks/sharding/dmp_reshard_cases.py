@@ -15,7 +15,8 @@ column piece to another rank. The cases:
   shard: local shard indices accumulate), and a table cut into 2 column blocks moved to 3 (each source
   block is split between two new blocks at a running offset, a new block receives two pieces into
   one shard). The split moves weights only (SGD): with Adagrad torchrec sends a non-contiguous slice
-  of the 2-D state and fails (the known issue ``dmp-reshard-split-optimizer-state``, dmp_known_broken.py).
+  of the 2-D state and fails ("input tensor has to be contiguous"; docs/sharding.md, not yet a
+  known-broken case).
 
 Row-wise tables are not resharded: torchrec asserts a table-wise or column-wise destination. Row-wise
 Adagrad across a change of column blocks is not compared (the new block's accumulator would be the
