@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
 from paritykit.checks.sharding.dmp_cases import DmpCase, _bag_base, _steps, _tables, run_dmp_case
+from paritykit.checks.sharding.dmp_surface import strict_problem, surface_cases
 from paritykit.engine.dmp_options import DmpOptions
 from paritykit.engine.resharding import rank_tags
 from paritykit.errors import ParityError
@@ -41,6 +42,11 @@ RULES = {
     "ebc-unweighted-uses-kjt-weights":
         "an EmbeddingBagCollection built unweighted (is_weighted=False) ignores the per-id weights of the "
         "KeyedJaggedTensor it is fed; sharded (any placement) it multiplies the ids by them",
+    "dmp-load-state-dict-not-strict":
+        "DistributedModelParallel.load_state_dict with its default strict=True does not raise on a missing key "
+        "outside the sharded modules (a dense parameter) nor on an unexpected key, where the unsharded module "
+        "raises: it returns them (the missing key under a name without its module prefix), so a checkpoint "
+        "that lost its dense layers loads silently (the state-surface cases compare strict=False only)",
 }
 
 
@@ -102,4 +108,7 @@ def known_broken_dmp_cases(world_size: int) -> dict[str, tuple[str, Callable[[An
         rule: (f"known-broken {rule} {case.case_id()}", lambda pool, case=case: run_dmp_case(case, pool))
         for rule, case in cases.items()}
     found["dmp-reshard-p2p-tags"] = (f"known-broken dmp-reshard-p2p-tags world_size={world_size}", _tags_probe)
+    strict = surface_cases(world_size)[0]
+    found["dmp-load-state-dict-not-strict"] = (f"known-broken dmp-load-state-dict-not-strict {strict.case_id()}",
+                                               lambda pool: strict_problem(strict, pool))
     return {rule: found[rule] for rule in RULES}

@@ -1,5 +1,6 @@
 """The sharding check's DMP and collectives block: the pinned DMP cases (dmp_cases.py) and torchrec's
-pooled collectives on their own (collective_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
+pooled collectives on their own (collective_cases.py), DMP.reshard with optimizer state
+(dmp_reshard_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
 smallest such world size. One rank has nothing to communicate: torchrec's collectives return early there."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
 from paritykit.checks.sharding.collective_cases import collective_cases, run_collective_case
 from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
 from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
+from paritykit.checks.sharding.dmp_reshard_cases import reshard_cases
+from paritykit.checks.sharding.dmp_surface import run_surface_case, surface_cases
 from paritykit.dist import PoolProvider
 
 MIN_WORLD_SIZE = 2
@@ -20,8 +23,10 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
     results: list[CaseResult] = []
     for world_size in sizes:
         pool = pools.get(world_size)
-        for case in dmp_cases(world_size):
+        for case in dmp_cases(world_size) + reshard_cases(world_size):
             results.append(run_case(check, case.case_id(), config, lambda case=case, pool=pool: run_dmp_case(case, pool)))
+        for surface in surface_cases(world_size):
+            results.append(run_case(check, surface.case_id(), config, lambda surface=surface, pool=pool: run_surface_case(surface, pool)))
         for collective in collective_cases(world_size):
             results.append(run_case(check, collective.case_id(), config,
                                     lambda collective=collective, pool=pool: run_collective_case(collective, pool)))

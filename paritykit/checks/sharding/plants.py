@@ -342,3 +342,4 @@ def grid_blocks_in_host_order() -> ContextManager[None]:
 # The DMP and collectives plants live beside their cases; importing them registers them here.
 from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401
 from paritykit.checks.sharding import fp_plants  # noqa: E402,F401
+from paritykit.checks.sharding import dmp_state_plants  # noqa: E402,F401
