@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from paritykit.engine.setup import build_setup
-from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, model_fn, torchrec_plan
+from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, expanded, model_fn, torchrec_plan
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.reference import train_reference
 from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
@@ -56,6 +56,23 @@ def _run(case: ShardingCase, pool: Any) -> dict[str, Any]:
     problem = permutation_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
-    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe(),
-                              where_for(setup))
+    tolerance = default_tolerance(exact_first_lookups=case.module == "ec")
+    metrics = compare_records(record, reference, tolerance, case.describe(), where_for(setup))
+    dense = dense_equivalent(case)
+    if dense is not None:
+        # A second oracle that never sees inverse indices: the unsharded module trained on the fixed
+        # batches the variable ones stand for (the rows expanded by hand), so a wrong expansion that
+        # the sharded and the unsharded module share in torchrec cannot hide.
+        dense_setup = case_setup(dense, pool.device)
+        dense_reference = train_reference(dense_setup, division=gradient_division())
+        compare_records(record, dense_reference, tolerance, f"{case.describe()} [oracle: the rows expanded by hand]",
+                        where_for(dense_setup))
+        metrics = {**metrics, "dense_equivalent": True}
     return {**metrics, "plan_shape": case.plan_shape()}
+
+
+def dense_equivalent(case: ShardingCase) -> ShardingCase | None:
+    """The case with every variable batch expanded to the fixed batch it stands for (None: no variable batch)."""
+    if not any(batch.inverse is not None for step in case.step_batches() for batch in step):
+        return None
+    return dataclasses.replace(case, steps=tuple(tuple(expanded(b) for b in step) for step in case.step_batches()), batches=(), weights=None)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.sharding.case_runner import case_setup, permutation_problem
+from paritykit.checks.sharding.codec_oracle import codec_applies, codec_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
 from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
                                                    unsharded_buffers)
@@ -117,6 +118,12 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
     metrics = compare_records(record, reference, tolerance_of(case), case.describe(), where=where_for(setup))
+    qcomm, base = case.options.qcomm, case.base
+    if qcomm is not None and case.model == "module" and codec_applies(base.module, base.tables, base.plan, qcomm.forward):
+        wire, checked = codec_problem(record.embeddings)
+        if wire or not checked:
+            raise ParityError(f"{case.describe()}\n  {wire or 'no embedding was recorded to check the FP16 wire against'}")
+        metrics = {**metrics, "fp16_wire_values": checked}
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
 
 

@@ -341,3 +341,4 @@ def grid_blocks_in_host_order() -> ContextManager[None]:
 
 # The DMP and collectives plants live beside their cases; importing them registers them here.
 from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401
+from paritykit.checks.sharding import plan_plants  # noqa: E402,F401
