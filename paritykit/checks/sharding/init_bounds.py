@@ -14,8 +14,9 @@ from typing import Any
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.plans import describe_plan
 
-# (name, rows, columns, weight_init_min, weight_init_max): disjoint from the default +-sqrt(1/rows), or (t0) inside it
-# with each bound alone inside the default range (a sharding that drops only one bound shows too).
+# (name, rows, columns, weight_init_min, weight_init_max): disjoint from the default +-sqrt(1/rows) (above it: a
+# sharding that drops the max asks for an empty range), or inside it with each bound alone inside the default range
+# (a sharding that drops only one bound initialises outside the other).
 Table = tuple[str, int, int, float, float]
 
 
@@ -92,11 +93,13 @@ def init_bounds_cases(world_size: int) -> tuple[InitBoundsCase, ...]:
 
     last = world_size - 1
     rows = 4 * world_size
-    ebc_tables = (("t0", 12, 8, -0.03, 0.02), ("t1", rows, 8, -5.0, -4.0), ("t2", 10, 8, 0.5, 0.75), ("t3", 9, 12, 7.0, 7.5),
-                  ("t4", rows, 8, 1.0, 1.25), ("t5", rows, MIN_CW_DIM, -2.0, -1.5), ("t6", 6, 4, 4.0, 4.5))
+    ebc_tables = (("t0", 12, 8, 2.0, 3.0), ("t1", rows, 8, -5.0, -4.0), ("t2", 10, 8, 0.5, 0.75), ("t3", 9, 12, 7.0, 7.5),
+                  ("t4", rows, 8, 1.0, 1.25), ("t5", rows, MIN_CW_DIM, -2.0, -1.5), ("t6", 6, 4, 4.0, 4.5), ("t7", 12, 8, -0.03, 0.02))
     ebc_plan = {"t0": ("table_wise", last), "t1": ("row_wise",), "t2": ("column_wise", (last, 0)), "t3": ("table_column_wise", (0, last, 0)),
-                "t4": ("table_row_wise", 0), "t5": ("grid_shard", (0,)), "t6": ("data_parallel",)}
-    ec_tables = (("t0", 12, 8, -0.03, 0.02), ("t1", rows, 8, -5.0, -4.0), ("t2", 10, 8, 0.5, 0.75), ("t3", 6, 8, 4.0, 4.5))
-    ec_plan = {"t0": ("table_wise", last), "t1": ("row_wise",), "t2": ("column_wise", (0, last)), "t3": ("data_parallel",)}
+                "t4": ("table_row_wise", 0), "t5": ("grid_shard", (0,)), "t6": ("data_parallel",), "t7": ("table_wise", 0)}
+    ec_tables = (("t0", 12, 8, 2.0, 3.0), ("t1", rows, 8, -5.0, -4.0), ("t2", 10, 8, 0.5, 0.75), ("t3", 6, 8, 4.0, 4.5),
+                 ("t4", 12, 8, -0.03, 0.02))
+    ec_plan = {"t0": ("table_wise", last), "t1": ("row_wise",), "t2": ("column_wise", (0, last)), "t3": ("data_parallel",),
+               "t4": ("table_wise", 0)}
     return (InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan), InitBoundsCase("ec", world_size, ec_tables, ec_plan),
             InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan, meta=False))

@@ -160,5 +160,11 @@ def pinned_plan_helper_cases() -> tuple[PlanHelperCase, ...]:
     return (PlanHelperCase(4, 2, tables, plan, {"t0": "dense", "t1": "fused"}), PlanHelperCase(4, 2, tables, twcw))
 
 
+def narrow_column_shards_case() -> PlanHelperCase:
+    """12 columns on ranks [0, 1]: shards of 6, not a multiple of 4 (the known issue
+    column-wise-shard-width-not-multiple-of-4: torchrec places the whole table on rank 0)."""
+    return PlanHelperCase(2, 2, (("t0", 10, 12),), {"t0": ("column_wise", (0, 1))})
+
+
 # Not ShardingType values; both sort after "grid_shard" and before it (a string compare is not a match).
 UNKNOWN_SHARDING_TYPES = ("table_wise_v2", "row-wise", "zz_sharding", "column", "")
