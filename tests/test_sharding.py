@@ -15,6 +15,7 @@ from paritykit.checks.sharding.draws import sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, broken_rules, kept_out_rules, known_broken_cases, repair
 from paritykit.checks.sharding.matrix import examples_per_plan_shape, placements_by_module
 from paritykit.checks.sharding.pinned import pinned_cases
+from paritykit.checks.sharding.plan_matrix import KNOWN_BROKEN as PLAN_KNOWN_BROKEN
 from paritykit.errors import ParityError, RankFailure
 from paritykit.gate.gating import run_checks
 from paritykit.harness import plants
@@ -95,7 +96,7 @@ def test_the_gate_entry_passes_marks_the_known_broken_cases_and_counts_plan_shap
     assert not failing, failing[0].message
     known = sorted(r.case_id.split()[1] for r in results if r.status == "known-issue")
     # A fixed one passes; the DMP block's known-broken configurations run once each too.
-    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES))
+    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES) + list(PLAN_KNOWN_BROKEN))
     counts = examples_per_plan_shape(results)
     assert sum(counts.values()) >= len(pinned_cases(1)) + len(pinned_cases(2))
 
