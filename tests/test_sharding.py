@@ -16,6 +16,7 @@ from paritykit.checks.sharding.draws import sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, broken_rules, kept_out_rules, known_broken_cases, repair
 from paritykit.checks.sharding.matrix import examples_per_plan_shape, placements_by_module
 from paritykit.checks.sharding.pinned import pinned_cases
+from paritykit.checks.sharding.plan_matrix import KNOWN_BROKEN as PLAN_KNOWN_BROKEN
 from paritykit.errors import ParityError, RankFailure
 from paritykit.gate.gating import run_checks
 from paritykit.harness import plants
@@ -95,8 +96,8 @@ def test_the_gate_entry_passes_marks_the_known_broken_cases_and_counts_plan_shap
     failing = [r for r in results if r.status not in ("pass", "known-issue")]
     assert not failing, failing[0].message
     known = sorted(r.case_id.split()[1] for r in results if r.status == "known-issue")
-    # A fixed one passes; the DMP block's and the FP cases' known-broken configurations run once each too.
-    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES) + list(FP_RULES))
+    # A fixed one passes; the DMP block's, the FP cases' and the plan block's known-broken configurations run once each too.
+    assert known == sorted([rule.name for rule in kept_out_rules()] + list(DMP_RULES) + list(FP_RULES) + list(PLAN_KNOWN_BROKEN))
     counts = examples_per_plan_shape(results)
     assert sum(counts.values()) >= len(pinned_cases(1)) + len(pinned_cases(2))
 

@@ -65,9 +65,10 @@ def moved(clean: TrainingRecord, planted: TrainingRecord) -> list:
 def test_every_sharding_plant_has_a_case():
     from test_dmp_plants import COLLECTIVE_PLANTS, PLANT_CASES as DMP_PLANT_CASES  # the DMP block's, beside its cases
     from test_sharding_hosts import CROSS_HOST_PLANT_CASES  # the plants only ranks on several hosts show
+    from test_plan_helpers import PLAN_PLANTS, RANK_PLANTS  # plan helpers, init bounds, the FP16 wire, the dense VBE oracle
 
     registered = {name for name, plant in plants.PLANTS.items() if plant.check == "sharding"}
-    assert registered == set(PLANT_CASES) | set(CROSS_HOST_PLANT_CASES) | set(DMP_PLANT_CASES) | set(COLLECTIVE_PLANTS)
+    assert registered == set(PLANT_CASES) | set(CROSS_HOST_PLANT_CASES) | set(DMP_PLANT_CASES) | set(COLLECTIVE_PLANTS) | set(PLAN_PLANTS) | RANK_PLANTS
 
 
 @pytest.mark.world_size(2)

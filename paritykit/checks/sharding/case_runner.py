@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from paritykit.engine.setup import build_setup
-from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, model_fn, torchrec_plan
+from paritykit.checks.sharding.cases import ShardingCase, batches_of, configuration_of, expanded, model_fn, torchrec_plan
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.reference import train_reference
 from paritykit.checks.sharding.stitching import permutations_of_plan, sharded_cw_permutations
@@ -14,6 +14,7 @@ from paritykit.engine.tolerances import default_tolerance
 from paritykit.engine.training import TrainingRecord, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.configuration import described_by
+from paritykit.harness.optimizers import OptimizerSpec
 from paritykit.harness.sharded import gradient_division
 
 
@@ -56,6 +57,42 @@ def _run(case: ShardingCase, pool: Any) -> dict[str, Any]:
     problem = permutation_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
-    metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"), case.describe(),
-                              where_for(setup))
+    tolerance = default_tolerance(exact_first_lookups=case.module == "ec")
+    metrics = compare_records(record, reference, tolerance, case.describe(), where_for(setup))
+    dense = dense_equivalent(case)
+    if dense is not None:
+        # A second oracle that never sees inverse indices: the unsharded module trained on the fixed
+        # batches the variable ones stand for (the rows expanded by hand), so a wrong expansion that
+        # the sharded and the unsharded module share in torchrec cannot hide.
+        dense_setup = case_setup(dense, pool.device)
+        dense_reference = train_reference(dense_setup, division=gradient_division())
+        steps = len(record.outputs) if not lookups_counted(case.optimizer) else 1
+        compare_records(first_steps(record, steps), first_steps(dense_reference, steps), tolerance,
+                        f"{case.describe()} [oracle: the rows expanded by hand]", where_for(dense_setup))
+        metrics = {**metrics, "dense_equivalent_steps": steps}
     return {**metrics, "plan_shape": case.plan_shape()}
+
+
+def lookups_counted(optimizer: Any) -> bool:
+    """Whether the fused optimizer's update depends on how often a row was looked up, not only on its
+    summed gradient (counter-based weight decay, RMSprop's iterations, EMA: fbgemm counts lookups): a
+    fixed batch that repeats a row then trains otherwise than the variable batch that reads it once."""
+    spec = OptimizerSpec.of(optimizer)
+    if spec.name in ("sgd", "adagrad"):
+        return False
+    return spec.name != "rowwise_adagrad" or spec.kwargs.get("weight_decay_mode", "none") not in (None, "none")
+
+
+def first_steps(record: TrainingRecord, steps: int) -> TrainingRecord:
+    """The record's first ``steps`` steps; with fewer steps than it has, not the state after the last."""
+    if steps >= len(record.outputs):
+        return record
+    return dataclasses.replace(record, outputs=record.outputs[:steps], losses=record.losses[:steps],
+                               embeddings=record.embeddings[:steps], state={}, fused_state={}, dense_state={}, step_states=[])
+
+
+def dense_equivalent(case: ShardingCase) -> ShardingCase | None:
+    """The case with every variable batch expanded to the fixed batch it stands for (None: no variable batch)."""
+    if not any(batch.inverse is not None for step in case.step_batches() for batch in step):
+        return None
+    return dataclasses.replace(case, steps=tuple(tuple(expanded(b) for b in step) for step in case.step_batches()), batches=(), weights=None)

@@ -141,6 +141,17 @@ def kjt_of(batch: RankBatch, weighted: bool):
                              lengths=torch.tensor(lengths, dtype=torch.int32), weights=weights, **kwargs)
 
 
+def expanded(batch: RankBatch) -> RankBatch:
+    """A variable batch as the fixed batch it stands for, by paritykit's own row arithmetic: output
+    row b of feature k is row ``inverse[k][b]`` of that feature's rows (ids and weights alike)."""
+    if batch.inverse is None:
+        return batch
+    inverse = dict(batch.inverse)
+    ids = tuple((key, tuple(rows[i] for i in inverse[key])) for key, rows in batch.ids)
+    weights = None if batch.weights is None else tuple((key, tuple(rows[i] for i in inverse[key])) for key, rows in batch.weights)
+    return RankBatch(ids, weights)
+
+
 def batches_of(case: ShardingCase) -> list[list[Any]]:
     return [[kjt_of(batch, case.weighted) for batch in step] for step in case.step_batches()]
 

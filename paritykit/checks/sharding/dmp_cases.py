@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.sharding.case_runner import case_setup, permutation_problem
+from paritykit.checks.sharding.codec_oracle import codec_applies, codec_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
 from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
                                                    unsharded_buffers)
@@ -117,6 +118,12 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
     metrics = compare_records(record, reference, tolerance_of(case), case.describe(), where=where_for(setup))
+    qcomm, base = case.options.qcomm, case.base
+    if qcomm is not None and case.model == "module" and codec_applies(base.module, base.tables, base.plan, qcomm.forward):
+        wire, checked = codec_problem(record.embeddings)
+        if wire or not checked:
+            raise ParityError(f"{case.describe()}\n  {wire or 'no embedding was recorded to check the FP16 wire against'}")
+        metrics = {**metrics, "fp16_wire_values": checked}
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
 
 
@@ -203,10 +210,15 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
                 DmpOptions(hyper_parameters=schedule)),
         # FP16 codecs on every pooled, reduce-scatter and sequence communication, async and sync.
         DmpCase("qcomm-fp16", _ebc(world_size, {**mixed, "t1": ("table_row_wise", 0)}, 37, "adagrad"), qcomm),
-        DmpCase("qcomm-fp16", _ebc(world_size, {**mixed, "t1": ("table_row_wise", 0)}, 47, "adagrad"),
+        # Only pooled all-to-alls (TW, CW, TWCW): nothing float32 joins their output, so a decode skipped shows.
+        DmpCase("qcomm-fp16", _ebc(world_size, {"t0": ("table_wise", last), "t1": ("column_wise", (0, last)),
+                                                "t2": ("table_column_wise", (last, 0))}, 47, "adagrad"),
                 dataclasses.replace(qcomm, sync_collectives=True)),
         DmpCase("qcomm-fp16", _ebc(world_size, mixed, 48, steps=_vbe_steps(world_size)), dataclasses.replace(qcomm, sync_collectives=True)),
         DmpCase("qcomm-fp16", dataclasses.replace(ec, seed=44), dataclasses.replace(qcomm, sync_collectives=True)),
+        # GRID, TWRW and TWCW through the codecs, synchronous; a BF16 backward (sent as FP16 on CPU: gloo has no BF16).
+        DmpCase("qcomm-fp16-bf16", _ebc(world_size, grid, 49, "adagrad"),
+                DmpOptions(sync_collectives=True, qcomm=QComm("fp16", "bf16", backward_loss_scale=128.0))),
         # Built on the meta device, DDP wrapped after construction, the dense optimizer over bare_named_parameters.
         DmpCase("meta-init", _ebc(world_size, mixed, 38, "adagrad"), DmpOptions(meta_model=True, init_data_parallel=False,
                 dense_from_bare=True), model="ebc-under-dense"),

@@ -14,6 +14,7 @@ from paritykit.checks.sharding.fp_known_broken import known_broken_fp_cases
 from paritykit.checks.sharding.draws import EBC_PLACEMENTS, EC_PLACEMENTS, sharding_cases
 from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_broken_cases
 from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
+from paritykit.checks.sharding.plan_matrix import run_plan_matrix
 from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
@@ -61,6 +62,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py),
     # before the known-broken cases below, whose failures may cost a pool rebuild.
     dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)
+    # torchrec's plan helpers against paritykit's shard layout; configured init bounds on the shards (plan_matrix.py).
+    results += run_plan_matrix(NAME, config, pools)
     results += dmp_results
     known_broken += dmp_known_broken
     # Feature-processed EBCs sharded by DMP (fp_cases.py), both forms of position weights, on one host.

@@ -68,7 +68,13 @@ def pinned_cases(world_size: int, ranks_per_host: int | None = None) -> tuple[Sh
         # A variable batch per feature with inverse indices over RW, CW and TWCW.
         ShardingCase("ebc", world_size, sums, {"t0": ("row_wise",), "t1": ("column_wise", (0, last)), "t2": ("table_column_wise", (last, 0))},
                      optimizer="rowwise_adagrad", steps=_vbe_steps(world_size), seed=10),
-    )
+    ) + ((
+        # A variable batch over row-wise MEAN tables alone: the MEAN divisor of a variable batch is expanded
+        # by the inverse indices (embeddingbag's mean-pooling callback). One placement kind: a plan that
+        # reorders the features is the known issue vbe-row-mean-reordered. From two ranks (gate time).
+        ShardingCase("ebc", world_size, tuple(dataclasses.replace(t, pooling="MEAN") for t in sums),
+                     {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("row_wise",)}, steps=_vbe_steps(world_size), seed=12),
+    ) if world_size > 1 else ())
 
 
 def cross_host_cases(hosts: HostLayout) -> tuple[ShardingCase, ...]:

@@ -343,3 +343,4 @@ def grid_blocks_in_host_order() -> ContextManager[None]:
 from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401
 from paritykit.checks.sharding import fp_plants  # noqa: E402,F401
 from paritykit.checks.sharding import dmp_state_plants  # noqa: E402,F401
+from paritykit.checks.sharding import plan_plants  # noqa: E402,F401

@@ -1,0 +1,170 @@
+"""torchrec's ``sharding_plan`` helpers as users call them (the TorchRec tutorial's way):
+``construct_module_sharding_plan(ebc, {"t0": table_wise(rank=1), "t1": column_wise(ranks=[0, 1, 0]),
+...}, world_size=W, local_size=L)``. Every ParameterSharding it returns (type, ranks, kernel, each
+shard's offsets, sizes and placement) is compared with paritykit's own layout (shard_layout.py), for
+drawn table shapes, world sizes, hosts and placements. Caller side only: nothing runs on ranks (the
+sharding cases train modules sharded by these same helpers against the unsharded module).
+
+Also torchrec's documented contract of ``calculate_shard_sizes_and_offsets``: a sharding type it
+does not know raises ValueError (never a layout of some other type).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from paritykit.checks.sharding.shard_layout import expected_layout, layout_differences, layout_of
+from paritykit.errors import ParityError
+from paritykit.harness.plans import describe_plan
+
+# Helpers that take a compute kernel (table_row_wise and grid_shard pick their own; data_parallel is dense).
+_KERNEL_ARGUMENT = ("table_wise", "row_wise", "column_wise")
+# torchrec's grid cuts columns into blocks of this many (its planner's MIN_CW_DIM).
+GRID_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class PlanHelperCase:
+    """An EBC's tables (name, rows, columns) placed by torchrec's helpers on ``world_size`` ranks in hosts of ``local_size``."""
+
+    world_size: int
+    local_size: int
+    tables: tuple[tuple[str, int, int], ...]
+    plan: dict[str, tuple] = field(hash=False)
+    kernels: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def case_id(self) -> str:
+        shapes = ", ".join(f"{n}[{r}x{c}]" for n, r, c in self.tables)
+        kernels = f" kernels={self.kernels}" if self.kernels else ""
+        return (f"plan-helpers world_size={self.world_size} local_size={self.local_size} "
+                f"plan={describe_plan(self.plan)} tables=({shapes}){kernels}")
+
+
+def helper_of(entry: tuple, kernel: str | None):
+    """The user's call for a normalised entry: torchrec's own helper (TWCW has none: paritykit's
+    column-wise generator with torchrec's TWCW type, where the stack has no helper of its own)."""
+    from torchrec.distributed import sharding_plan as sp
+
+    from paritykit.harness.plans import table_column_wise
+
+    kind, *args = entry
+    kw = {"compute_kernel": kernel} if kernel else {}
+    calls = {
+        "table_wise": lambda: sp.table_wise(rank=args[0], **kw),
+        "row_wise": lambda: sp.row_wise(**kw),
+        "column_wise": lambda: sp.column_wise(ranks=list(args[0]), **kw),
+        "table_row_wise": lambda: sp.table_row_wise(host_index=args[0]),
+        "grid_shard": lambda: sp.grid_shard(host_indexes=list(args[0])),
+        "data_parallel": lambda: sp.data_parallel(),
+        "table_column_wise": lambda: (sp.table_column_wise(ranks=list(args[0]), **kw) if hasattr(sp, "table_column_wise")
+                                      else table_column_wise(list(args[0]), kernel)),
+    }
+    return calls[kind]()
+
+
+def run_plan_helper_case(case: PlanHelperCase) -> dict[str, Any]:
+    """ParityError naming the table and what differs; else what was compared."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=c, feature_names=[f"f_{n}"]) for n, r, c in case.tables]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    generators = {name: helper_of(entry, case.kernels.get(name)) for name, entry in case.plan.items()}
+    plan = construct_module_sharding_plan(ebc, generators, world_size=case.world_size, local_size=case.local_size, device_type="cpu")
+    problems = []
+    for name, rows, columns in case.tables:
+        expected = expected_layout(case.plan[name], (rows, columns), case.world_size, case.local_size)
+        found, placement_problems = layout_of(plan[name], "cpu")
+        wrong = layout_differences(expected, found) + placement_problems
+        kernel = case.kernels.get(name)
+        if kernel and plan[name].compute_kernel != kernel:
+            wrong.append(f"compute kernel {plan[name].compute_kernel!r}, asked for {kernel!r}")
+        problems += [f"table {name!r} ({case.plan[name][0]}): {w}" for w in wrong]
+    if problems:
+        raise ParityError(f"{case.case_id()}\n  torchrec's sharding_plan helpers against paritykit's shard layout:\n  "
+                          + "\n  ".join(problems))
+    return {"plan_shape": "plan-helpers", "tables": len(case.tables)}
+
+
+def unknown_sharding_type_problem(sharding_type: str) -> str | None:
+    """torchrec's calculate_shard_sizes_and_offsets must raise ValueError for a type it does not know."""
+    import torch
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    try:
+        sizes, offsets = calculate_shard_sizes_and_offsets(torch.empty(8, 8, device="meta"), 2, 2, sharding_type)
+    except ValueError:
+        return None
+    return (f"calculate_shard_sizes_and_offsets(sharding_type={sharding_type!r}) returned sizes {sizes}, offsets {offsets} "
+            "where its docstring promises ValueError for a type that is not a ShardingType")
+
+
+def run_unknown_types_case(types: tuple[str, ...]) -> dict[str, Any]:
+    problems = [p for p in map(unknown_sharding_type_problem, types) if p]
+    if problems:
+        raise ParityError("\n  ".join(problems))
+    return {"plan_shape": "plan-helpers/unknown-type", "types": len(types)}
+
+
+# -- the draws --------------------------------------------------------------------------------------
+
+def _entry(draw, kind: str, world_size: int, local_size: int) -> tuple[tuple, int]:
+    """A placement of ``kind`` and a table width it cuts into shards whose width is a multiple of 4
+    (torchrec's column blocks are; see docs/sharding.md)."""
+    hosts = world_size // local_size
+    if kind == "table_wise":
+        return (kind, draw(st.integers(0, world_size - 1))), 4 * draw(st.integers(1, 6))
+    if kind in ("column_wise", "table_column_wise"):
+        pool = list(range(world_size))
+        if kind == "table_column_wise":
+            host = draw(st.integers(0, hosts - 1))
+            pool = pool[host * local_size:(host + 1) * local_size]
+        ranks = tuple(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4)))
+        return (kind, ranks), len(ranks) * 4 * draw(st.integers(1, 3))
+    if kind == "table_row_wise":
+        return (kind, draw(st.integers(0, hosts - 1))), 4 * draw(st.integers(1, 4))
+    if kind == "grid_shard":
+        host_indexes = tuple(draw(st.lists(st.integers(0, hosts - 1), min_size=1, max_size=3)))
+        return (kind, host_indexes), GRID_BLOCK * len(host_indexes)
+    return (kind,), 4 * draw(st.integers(1, 4))
+
+
+@st.composite
+def plan_helper_cases(draw) -> PlanHelperCase:
+    kinds = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
+    local_size = draw(st.sampled_from((1, 2, 3, 4)))
+    world_size = local_size * draw(st.integers(1, 3))
+    tables, plan, kernels = [], {}, {}
+    for index in range(draw(st.integers(1, 4))):
+        name = f"t{index}"
+        entry, columns = _entry(draw, draw(st.sampled_from(kinds)), world_size, local_size)
+        tables.append((name, draw(st.integers(1, 40)), columns))
+        plan[name] = entry
+        if entry[0] in _KERNEL_ARGUMENT and draw(st.booleans()):
+            kernels[name] = draw(st.sampled_from(("dense", "fused")))
+    return PlanHelperCase(world_size, local_size, tuple(tables), plan, kernels)
+
+
+def pinned_plan_helper_cases() -> tuple[PlanHelperCase, ...]:
+    """The tutorial's placements on 2 hosts of 2: CW on [0, 1, 0] and a 3-cycle, rows fewer than
+    ranks (row-wise leaves a rank none), TWRW on the second host, GRID blocks in reverse host order."""
+    tables = (("t0", 10, 12), ("t1", 3, 8), ("t2", 9, 16), ("t3", 7, 2 * GRID_BLOCK), ("t4", 5, 8), ("t5", 6, 24))
+    plan = {"t0": ("column_wise", (0, 1, 0)), "t1": ("row_wise",), "t2": ("table_row_wise", 1), "t3": ("grid_shard", (1, 0)),
+            "t4": ("table_wise", 3), "t5": ("column_wise", (3, 0, 0))}
+    twcw = {"t0": ("table_column_wise", (3, 2, 3)), "t1": ("data_parallel",), "t2": ("row_wise",), "t3": ("grid_shard", (1, 1)),
+            "t4": ("table_wise", 0), "t5": ("table_column_wise", (0, 1))}
+    return (PlanHelperCase(4, 2, tables, plan, {"t0": "dense", "t1": "fused"}), PlanHelperCase(4, 2, tables, twcw))
+
+
+def narrow_column_shards_case() -> PlanHelperCase:
+    """12 columns on ranks [0, 1]: shards of 6, not a multiple of 4 (the known issue
+    column-wise-shard-width-not-multiple-of-4: torchrec places the whole table on rank 0)."""
+    return PlanHelperCase(2, 2, (("t0", 10, 12),), {"t0": ("column_wise", (0, 1))})
+
+
+# Not ShardingType values; both sort after "grid_shard" and before it (a string compare is not a match).
+UNKNOWN_SHARDING_TYPES = ("table_wise_v2", "row-wise", "zz_sharding", "column", "")
