@@ -43,7 +43,10 @@ LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER = 3, 2
 HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
 # Pipelines driven through gradient accumulation, the lifecycle and the backward hooks.
 ACCUMULATED_PIPELINES = ("sparse_dist", "base")
-LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "base")
+LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "semi_sync:never_starts", "base")
+# SemiSync looks the next batch up at the end of progress(), so a step taken while it is detached is not
+# seen by that batch (docs/pipeline.md): it is detached and attached back to back, without the side step.
+WITHOUT_SIDE_STEP = ("semi_sync:never_starts",)
 
 
 def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
@@ -114,13 +117,18 @@ def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any, drives: tuple
 
 
 def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
-    order = lifecycle_order(len(setup.batches), LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER)
-    plain = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]), "plain[lifecycle]"))
+    plains: dict[bool, Any] = {}
     metrics = {}
     for pipeline in LIFECYCLE_PIPELINES:
+        side_step = pipeline not in WITHOUT_SIDE_STEP
+        if side_step not in plains:
+            order = lifecycle_order(len(setup.batches), LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, side_step)
+            plains[side_step] = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]),
+                                                      "plain[lifecycle]"))
         name = f"{pipeline}[lifecycle]"
-        record = run_driven(pool, setup, LifecycleDrive(pipeline, LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER), name)
-        assert_identical(plain, record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
+        drive = LifecycleDrive(pipeline, LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, side_step)
+        record = run_driven(pool, setup, drive, name)
+        assert_identical(plains[side_step], record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
         metrics[name] = {"steps": len(record.outputs)}
     hybrid_setup = replace(setup, batches=setup.batches[: sum(count for _, count in HYBRID_PHASES)])
     hybrid_plain = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES, PLAIN), "plain[train-eval-train]")
