@@ -9,6 +9,8 @@ ranks, compares, and returns what it compared (``surface.py`` names and schedule
   semi-synchronous lookup-ahead variant exact at batch 0, then within the SemiSync bounds).
 - ``lifecycle``: detach / a step outside / attach / reset / a new iterator, and the hybrid pipeline
   switching between training and evaluation, against the plain loop over the same sequence.
+- ``semi_sync_staleness``: TrainPipelineSemiSync against the plain loop with its one-step-stale
+  lookups (``pipeline_semisync.py``), exactly.
 - ``backward_hooks``: work injected into backward runs once per step in order; numbers unchanged.
 - the known-broken runs: the same comparisons where torchrec is known to break them.
 """
@@ -25,7 +27,8 @@ from paritykit.engine.pipeline_catalog import EVAL, available
 from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, eval_reference, evaluated_steps, without_optimizer_state
 from paritykit.engine.pipeline_hooks import BackwardOptimizerDrive, HookedDrive
 from paritykit.engine.pipeline_lifecycle import HybridDrive, LifecycleDrive, lifecycle_order
-from paritykit.engine.pipeline_runs import run_driven, run_plain
+from paritykit.engine.pipeline_runs import PipelineJob, run_driven, run_pipeline, run_plain
+from paritykit.engine.pipeline_semisync import StaleLookupDrive
 from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.engine.tolerances import default_tolerance, tolerance_for
 from paritykit.engine.training import TrainingSetup
@@ -44,9 +47,13 @@ HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
 # Pipelines driven through gradient accumulation, the lifecycle and the backward hooks.
 ACCUMULATED_PIPELINES = ("sparse_dist", "base")
 LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "semi_sync:never_starts", "base")
-# SemiSync looks the next batch up at the end of progress(), so a step taken while it is detached is not
-# seen by that batch (docs/pipeline.md): it is detached and attached back to back, without the side step.
-WITHOUT_SIDE_STEP = ("semi_sync:never_starts",)
+# pipeline -> (first, detach_after, side step). SemiSync looks the next batch up at the end of progress(),
+# so a step taken while it is detached is not seen by that batch (docs/pipeline.md): it is detached and
+# attached back to back, after one step, with three batches in flight (the one attach resumes is not the newest).
+LIFECYCLE_SHAPES = {"semi_sync:never_starts": (4, 1, False)}
+# SemiSync's staleness: from batch 0 and from batch 1 (exact before it), over the six surface batches,
+# more than its queue of three holds.
+STALENESS_START_BATCHES = (0, 1)
 
 
 def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
@@ -117,18 +124,17 @@ def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any, drives: tuple
 
 
 def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
-    plains: dict[bool, Any] = {}
+    plains: dict[tuple[int, int, bool], Any] = {}
     metrics = {}
     for pipeline in LIFECYCLE_PIPELINES:
-        side_step = pipeline not in WITHOUT_SIDE_STEP
-        if side_step not in plains:
-            order = lifecycle_order(len(setup.batches), LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, side_step)
-            plains[side_step] = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]),
-                                                      "plain[lifecycle]"))
+        shape = LIFECYCLE_SHAPES.get(pipeline, (LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, True))
+        if shape not in plains:
+            order = lifecycle_order(len(setup.batches), *shape)
+            plains[shape] = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]),
+                                                  "plain[lifecycle]"))
         name = f"{pipeline}[lifecycle]"
-        drive = LifecycleDrive(pipeline, LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, side_step)
-        record = run_driven(pool, setup, drive, name)
-        assert_identical(plains[side_step], record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
+        record = run_driven(pool, setup, LifecycleDrive(pipeline, *shape), name)
+        assert_identical(plains[shape], record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
         metrics[name] = {"steps": len(record.outputs)}
     hybrid_setup = replace(setup, batches=setup.batches[: sum(count for _, count in HYBRID_PHASES)])
     hybrid_plain = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES, PLAIN), "plain[train-eval-train]")
@@ -136,6 +142,19 @@ def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
     assert_identical(hybrid_plain, record, ("plain[train-eval-train]", "hybrid[train-eval-train]"),
                      "the hybrid pipeline trains the training phases and only evaluates the eval phase")
     metrics["hybrid[train-eval-train]"] = {"steps": len(record.outputs)}
+    return metrics
+
+
+def semi_sync_staleness(pool: Any, setup: TrainingSetup, start_batches: tuple[int, ...] = STALENESS_START_BATCHES) -> dict[str, Any]:
+    """TrainPipelineSemiSync against the plain loop with its documented one-step-stale lookups, exactly."""
+    metrics = {}
+    for start in start_batches:
+        oracle = run_driven(pool, setup, StaleLookupDrive(start), f"plain[stale lookups from {start}]")
+        name = f"semi_sync[start_batch={start}]"
+        record = run_pipeline(pool, PipelineJob(setup, "semi_sync", start), name)
+        assert_identical(oracle, record, (f"plain[stale lookups from {start}]", name),
+                         "SemiSync looks each batch after start_batch up before the previous backward, and only that")
+        metrics[name] = {"steps": len(record.outputs)}
     return metrics
 
 
