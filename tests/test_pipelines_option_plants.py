@@ -16,6 +16,7 @@ from paritykit.checks.pipeline.verdicts import assert_identical, assert_semi_syn
 from paritykit.checks.runner import GateConfig
 from paritykit.engine.builtin_models import DataSpec
 from paritykit.engine.nested_models import nested_setup
+from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, StoppedEvalDrive
 from paritykit.engine.pipeline_lifecycle import LifecycleDrive, lifecycle_order
 from paritykit.engine.pipeline_promises import scriptable_dense_children
 from paritykit.engine.pipeline_runs import PipelineJob, run_driven, run_pipeline, run_plain
@@ -32,6 +33,7 @@ OPTION_PLANTS = {
     "semi-sync-skips-last-lookup": "dlrm/pipeline-variants",
     "attach-binds-last-context": "dlrm/lifecycle",
     "semi-sync-refills-when-empty": "dlrm/semi-sync-staleness",
+    "data-loading-thread-ignores-stop": "dlrm/eval-pipelines",
 }
 
 
@@ -129,6 +131,16 @@ def test_semi_sync_refilling_only_when_empty_stays_in_the_drift_bounds_and_fails
     assert_identical(oracle, clean, ("stale", "clean"), "exact")
     with pytest.raises(ParityError, match="per-step values differ"):
         assert_identical(oracle, planted, ("stale", "planted"), "exact")
+
+
+@pytest.mark.world_size(2)
+def test_a_data_loading_thread_that_ignores_stop_is_caught_after_reset(rank_pool, dlrm):
+    setup = replace(dlrm, batches=dlrm.batches[:5])  # more than the 2 + 2 it may read: one left to read on
+    plain = run_driven(rank_pool, setup, EvalDrive(PLAIN_EVAL), "plain:eval")
+    stopped = run_driven(rank_pool, setup, StoppedEvalDrive(2, timeout_s=2.0), "stopped")
+    assert [[torch.equal(a, b) for a, b in zip(s, t)] for s, t in zip(plain.outputs[:2], stopped.outputs)] == [[True, True]] * 2
+    with plants.applied(["data-loading-thread-ignores-stop"]), pytest.raises(ParityError, match="left .*DataLoadingThread.* running"):
+        run_driven(rank_pool, setup, StoppedEvalDrive(2, timeout_s=2.0), "planted")
 
 
 @pytest.mark.slow

@@ -140,3 +140,21 @@ def semi_sync_refills_when_empty() -> Iterator[None]:
 
     with replaced(cls, "dequeue_batch", _wrapping(dequeue)), replaced(cls, "enqueue_batch", _wrapping(enqueue)):
         yield
+
+
+@register("data-loading-thread-ignores-stop", check=CHECK)
+@contextlib.contextmanager
+def data_loading_thread_ignores_stop() -> Iterator[None]:
+    """DataLoadingThread.stop() wakes the thread without telling it to stop: it reads on from the
+    dataloader and never ends."""
+    from torchrec.distributed.train_pipeline import utils
+
+    def planted(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def stop(self: Any) -> None:
+            self._buffer_filled_event.set()
+            self._buffer_empty_event.set()
+
+        return stop
+
+    with replaced(utils.DataLoadingThread, "stop", planted):
+        yield

@@ -24,7 +24,14 @@ from paritykit.checks.pipeline.comparison import predictions
 from paritykit.checks.pipeline.verdicts import assert_identical, assert_semi_sync, assert_untouched, assert_within
 from paritykit.engine.pipeline_accumulation import PLAIN, AccumulationDrive
 from paritykit.engine.pipeline_catalog import EVAL, available
-from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, eval_reference, evaluated_steps, without_optimizer_state
+from paritykit.engine.pipeline_eval import (
+    PLAIN_EVAL,
+    EvalDrive,
+    StoppedEvalDrive,
+    eval_reference,
+    evaluated_steps,
+    without_optimizer_state,
+)
 from paritykit.engine.pipeline_hooks import BackwardOptimizerDrive, HookedDrive
 from paritykit.engine.pipeline_lifecycle import HybridDrive, LifecycleDrive, lifecycle_order
 from paritykit.engine.pipeline_runs import PipelineJob, run_driven, run_pipeline, run_plain
@@ -41,6 +48,8 @@ ACCUMULATION_STEPS = 2
 ACCUMULATION_EPOCHS = (3, 2)
 # The eval dataloader fails at this batch: retriably (skipped) or not (raised).
 FAILING_BATCH = 1
+# EvalPipelineSparseDist is reset after this many batches of the six (its thread must end).
+EVAL_STOP_AFTER = 2
 # Lifecycle: A is the first LIFECYCLE_FIRST batches, detached after LIFECYCLE_DETACH_AFTER steps.
 LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER = 3, 2
 HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
@@ -76,6 +85,14 @@ def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
         record = run_driven(pool, setup, drive, name)
         assert_untouched(record, setup.full_state, name)
         assert_identical(_prefix(expected, len(record.outputs), drive), record, ("plain:eval", name), EXACT_EVAL)
+        metrics[name] = {"steps": len(record.outputs)}
+    if "eval:sparse_dist" in available(EVAL):
+        name = "eval:sparse_dist[reset mid-epoch]"
+        record = run_driven(pool, setup, StoppedEvalDrive(EVAL_STOP_AFTER), name)
+        assert_untouched(record, setup.full_state, name)
+        expected = replace(plain, outputs=plain.outputs[:EVAL_STOP_AFTER], losses=plain.losses[:EVAL_STOP_AFTER],
+                           embeddings=plain.embeddings[:EVAL_STOP_AFTER])
+        assert_identical(expected, record, ("plain:eval", name), EXACT_EVAL)
         metrics[name] = {"steps": len(record.outputs)}
     return metrics
 
