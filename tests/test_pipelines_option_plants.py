@@ -16,6 +16,7 @@ from paritykit.checks.pipeline.verdicts import assert_identical, assert_semi_syn
 from paritykit.checks.runner import GateConfig
 from paritykit.engine.builtin_models import DataSpec
 from paritykit.engine.nested_models import nested_setup
+from paritykit.engine.pipeline_accumulation import AccumulationDrive, expected_syncs
 from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, StoppedEvalDrive
 from paritykit.engine.pipeline_lifecycle import LifecycleDrive, lifecycle_order
 from paritykit.engine.pipeline_promises import scriptable_dense_children
@@ -34,6 +35,7 @@ OPTION_PLANTS = {
     "attach-binds-last-context": "dlrm/lifecycle",
     "semi-sync-refills-when-empty": "dlrm/semi-sync-staleness",
     "data-loading-thread-ignores-stop": "dlrm/eval-pipelines",
+    "gradient-accumulation-warmup-inverted": "dlrm/gradient-accumulation",
 }
 
 
@@ -141,6 +143,22 @@ def test_a_data_loading_thread_that_ignores_stop_is_caught_after_reset(rank_pool
     assert [[torch.equal(a, b) for a, b in zip(s, t)] for s, t in zip(plain.outputs[:2], stopped.outputs)] == [[True, True]] * 2
     with plants.applied(["data-loading-thread-ignores-stop"]), pytest.raises(ParityError, match="left .*DataLoadingThread.* running"):
         run_driven(rank_pool, setup, StoppedEvalDrive(2, timeout_s=2.0), "planted")
+
+
+def test_the_all_reduce_schedule_of_gradient_accumulation_by_hand():
+    # windows of 2, 3 warm-up steps, 6 batches: warm-up 0-2, window ends 1, 3, 5; the last batch marked.
+    assert expected_syncs(6, 2, 3, True) == [True, True, True, True, False, True]
+    assert expected_syncs(5, 3, 1, False) == [True, False, True, False, False]
+
+
+@pytest.mark.world_size(2)
+def test_an_inverted_warm_up_moves_the_all_reduces_and_is_caught(rank_pool, dlrm):
+    drive = AccumulationDrive("sparse_dist", 2, warmup=3)
+    clean = run_driven(rank_pool, dlrm, drive, "clean")
+    with plants.applied(["gradient-accumulation-warmup-inverted"]), \
+            pytest.raises(ParityError, match=r"all-reduced at steps \[0, 1, 3, 4, 5\], expected \[0, 1, 2, 3, 5\]"):
+        run_driven(rank_pool, dlrm, drive, "planted")
+    assert len(clean.outputs) == len(dlrm.batches)
 
 
 @pytest.mark.slow

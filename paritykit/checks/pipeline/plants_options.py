@@ -158,3 +158,24 @@ def data_loading_thread_ignores_stop() -> Iterator[None]:
 
     with replaced(utils.DataLoadingThread, "stop", planted):
         yield
+
+
+@register("gradient-accumulation-warmup-inverted", check=CHECK)
+@contextlib.contextmanager
+def gradient_accumulation_warmup_inverted() -> Iterator[None]:
+    """GradientAccumulationWrapper syncs every step after the warm-up and only at window ends during it:
+    the warm-up test inverted (the numbers move by roundoff only; the all-reduce schedule shows it)."""
+    from torchrec.distributed.train_pipeline import gradient_accumulation
+
+    def planted(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def _should_sync_grad(self: Any, is_last_batch: bool = False) -> bool:
+            if is_last_batch or self.current_step == 0:
+                return True
+            if not self.current_step < self._config.num_warmup_steps:
+                return True
+            return (self.current_step + 1) % self._config.num_steps == 0
+
+        return _should_sync_grad
+
+    with replaced(gradient_accumulation.GradientAccumulationWrapper, "_should_sync_grad", planted):
+        yield

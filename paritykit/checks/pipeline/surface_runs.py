@@ -46,6 +46,8 @@ ANCHOR = "the plain loop over the sharded model must match the unsharded model"
 # Gradient accumulation: windows of two micro-batches; two epochs, the first ending inside a window.
 ACCUMULATION_STEPS = 2
 ACCUMULATION_EPOCHS = (3, 2)
+# Then one epoch of all six batches with three warm-up steps: all-reduces at 0, 1, 2, 3, 5, none at 4.
+ACCUMULATION_WARMUP = 3
 # The eval dataloader fails at this batch: retriably (skipped) or not (raised).
 FAILING_BATCH = 1
 # EvalPipelineSparseDist is reset after this many batches of the six (its thread must end).
@@ -107,7 +109,7 @@ def _prefix(expected: Any, steps: int, drive: EvalDrive) -> Any:
 def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str, ...] = ACCUMULATED_PIPELINES,
                           epochs: tuple[int, ...] = ACCUMULATION_EPOCHS, mark_last: bool = True) -> dict[str, Any]:
     """GradientAccumulationWrapper around each pipeline against the plain accumulating loop."""
-    setup = replace(setup, batches=setup.batches[: sum(epochs)])
+    full, setup = setup, replace(setup, batches=setup.batches[: sum(epochs)])
     plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS, epochs), "plain[accumulating]")
     metrics = {}
     # DDP all-reduces a window's gradients once instead of once per micro-batch: the same sum in
@@ -119,7 +121,19 @@ def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str,
         metrics[name] = assert_within(plain, record, ("plain[accumulating]", name), tolerance,
                                       f"gradient accumulation over {ACCUMULATION_STEPS} steps must sum the window's gradients "
                                       "into one dense step")
+    if mark_last:
+        metrics.update(_accumulation_warmup(pool, full, tolerance))
     return metrics
+
+
+def _accumulation_warmup(pool: Any, setup: TrainingSetup, tolerance: Any) -> dict[str, Any]:
+    """One epoch of every batch with warm-up steps: the all-reduce schedule (checked on the ranks:
+    every step of the warm-up, then once per window) and the plain accumulating loop's numbers."""
+    name = f"sparse_dist[accumulating, warm-up {ACCUMULATION_WARMUP}]"
+    plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS), "plain[accumulating, one epoch]")
+    record = run_driven(pool, setup, AccumulationDrive("sparse_dist", ACCUMULATION_STEPS, warmup=ACCUMULATION_WARMUP), name)
+    return {name: assert_within(plain, record, ("plain[accumulating, one epoch]", name), tolerance,
+                                "warm-up steps change when DDP all-reduces, not what the window sums")}
 
 
 STAGED_DRIVES = (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
