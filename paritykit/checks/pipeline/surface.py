@@ -11,7 +11,7 @@ crosses ranks).
 | ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, two epochs, lookup ahead | the plain loop |
 | ``dlrm/lifecycle`` | detach, attach, reset, a next epoch; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
-| ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 0 and 1, six batches | the plain loop with one-step-stale lookups, exactly |
+| ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 1, six batches | the plain loop with one-step-stale lookups, exactly |
 
 And, on two or more ranks, three known-broken cases (``known_issues.toml``): the same comparisons
 where torchrec breaks them.
