@@ -34,7 +34,8 @@ from paritykit.errors import ParityError
 def _tensors(value: Any) -> list[torch.Tensor]:
     """The tensors a batch holds (KJTs, TensorDicts, dataclasses, dicts, lists), in a fixed order."""
     if isinstance(value, torch.Tensor):
-        return [value]
+        # A TensorDict batch's jagged features are nested tensors: compared by their parts.
+        return [value.values(), value.offsets()] if value.is_nested else [value]
     if hasattr(value, "values") and hasattr(value, "lengths") and callable(getattr(value, "lengths")):
         weights = value.weights_or_none() if hasattr(value, "weights_or_none") else None
         return [value.values(), value.lengths()] + ([weights] if weights is not None else [])
