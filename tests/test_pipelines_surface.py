@@ -160,7 +160,7 @@ def test_every_surface_case_passes_on_the_installed_torchrec(rank_pool):
     assert staged["staged:lookup_ahead"]["max_output_diff"] > 0.0 and staged["staged"]["steps"] == 6
     assert staged["staged:two_epochs"]["steps"] == 6  # refilled with flush_end() between the epochs
     assert set(metrics["dlrm/lifecycle"]) == {"sparse_dist[lifecycle]", "fused:new[lifecycle]", "base[lifecycle]",
-                                              "hybrid[train-eval-train]"}
+                                              "semi_sync:never_starts[lifecycle]", "hybrid[train-eval-train]"}
     nested = metrics["nested/postproc-and-tracing"]
     assert nested["anchor"]["steps"] == 6 and nested["sparse_dist:postproc"]["max_output_diff"] == 0.0
 
