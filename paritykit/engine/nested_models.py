@@ -82,6 +82,13 @@ class NestedRanker(nn.Module):
         self.over = nn.Sequential(nn.Linear(spec.hidden_dim + 3 * spec.embedding_dim, spec.hidden_dim), nn.ReLU(),
                                   nn.Linear(spec.hidden_dim, 1))
 
+    @staticmethod
+    def pipelined_modules(pipeline_postproc: bool) -> tuple[str, ...]:
+        """The EBCs a sparse-dist pipeline must pipeline: each reads the batch directly, the item EBC
+        through ``fold`` (a parameter-free module with args from the batch and constants), which only
+        ``pipeline_postproc=True`` may run in the data-dist stage (pipeline_promises.py checks it)."""
+        return ("user_ebc", "scored_ebc") + (("item_ebc",) if pipeline_postproc else ())
+
     def forward(self, batch: NestedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         user = self.user_ebc(batch.sparse["user"]).to_dict()
         folded = self.fold(batch.sparse.get("item"), FOLD_OFFSET, [self.keys[1]], {"rows": self.rows})

@@ -8,6 +8,11 @@ loop that accumulates: zero the dense gradients when a window starts, forward an
 micro-batch, step the dense optimizer when a window ends and when the data ends inside one. That
 loop is ``AccumulationDrive("plain", ...)``, written here and sharing nothing with the wrapper.
 
+The wrapper also promises when DDP all-reduces (``GradientAccumulationConfig``: "warmup steps where all
+iterations sync", then once per window): ``expected_syncs`` is that schedule, written here; the drive
+counts the all-reduces of each step with a DDP communication hook (torch's own ``allreduce_hook``
+does the reduction) and holds the wrapper to it on every rank.
+
 The data may come in epochs: after each epoch the wrapper's ``reset()`` (which resets the pipeline
 too) starts the next one on a fresh iterator, and the plain loop starts a fresh window.
 """
@@ -38,6 +43,7 @@ class AccumulationDrive:
     num_steps: int
     epochs: tuple[int, ...] = ()  # batches per epoch; () means one epoch of every batch
     mark_last: bool = True
+    warmup: int = 1  # GradientAccumulationConfig.num_warmup_steps (its default)
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -59,25 +65,71 @@ class AccumulationDrive:
         )
 
         pipeline = make_torchrec_pipeline(self.pipeline, model, optimizer, device)
-        wrapped = GradientAccumulationWrapper(pipeline, optimizer, model, GradientAccumulationConfig(num_steps=self.num_steps))
+        config = GradientAccumulationConfig(num_steps=self.num_steps, **_warmup_option(GradientAccumulationConfig, self.warmup))
+        wrapped = GradientAccumulationWrapper(pipeline, optimizer, model, config)
+        reductions = _count_all_reduces(model)
         outputs: list[Any] = []
         for epoch in self.epochs_of(batches):
-            outputs += self._epoch(wrapped, epoch)
+            synced: list[bool] = []
+            outputs += self._epoch(wrapped, epoch, reductions, synced)
+            expected = expected_syncs(len(epoch), self.num_steps, self.warmup, self.mark_last)
+            if self.mark_last and synced != expected:
+                raise ParityError(f"{self.pipeline} under gradient accumulation ({self.num_steps} steps, {self.warmup} warm-up): "
+                                  f"DDP all-reduced at steps {[i for i, s in enumerate(synced) if s]}, "
+                                  f"expected {[i for i, s in enumerate(expected) if s]}")
             wrapped.reset()
             if wrapped.current_step != 0:
                 raise ParityError(f"GradientAccumulationWrapper.reset() left the step counter at {wrapped.current_step}")
         return outputs
 
-    def _epoch(self, wrapped: Any, batches: list[Any]) -> list[Any]:
+    def _epoch(self, wrapped: Any, batches: list[Any], reductions: list[int], synced: list[bool]) -> list[Any]:
         data, outputs = iter(batches), []
         while len(outputs) <= len(batches) + EXTRA_STEPS_ALLOWED:
             last = self.mark_last and len(outputs) == len(batches) - 1
+            before = reductions[0]
             try:
                 outputs.append(wrapped.progress(data, is_last_batch=last))
             except StopIteration:
                 return outputs
+            synced.append(reductions[0] > before)
         raise ParityError(f"{self.pipeline} under gradient accumulation: still returning steps after {len(outputs)} "
                           f"progress() calls for {len(batches)} batches")
+
+
+def expected_syncs(count: int, num_steps: int, warmup: int, mark_last: bool) -> list[bool]:
+    """Per step of an epoch of ``count`` batches: does DDP all-reduce? The first step and the warm-up
+    steps always, then the last micro-batch of each window, and the epoch's last batch when marked."""
+    return [step == 0 or step < warmup or (step + 1) % num_steps == 0 or (mark_last and step == count - 1)
+            for step in range(count)]
+
+
+def _warmup_option(config_class: type, warmup: int) -> dict[str, int]:
+    """``num_warmup_steps`` where this torchrec's config has it (by feature); 1 (no warm-up) is its absence."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    if "num_warmup_steps" in fields:
+        return {"num_warmup_steps": warmup}
+    if warmup != 1:
+        raise ValueError("this torchrec's GradientAccumulationConfig has no num_warmup_steps")
+    return {}
+
+
+def _count_all_reduces(model: Any) -> list[int]:
+    """A one-element counter of DDP's all-reduces (torch's allreduce_hook as each DDP's communication hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    count = [0]
+
+    def counting(state, bucket):  # type: ignore[no-untyped-def] - DDP refuses other annotations than its own
+        count[0] += 1
+        return allreduce_hook(state, bucket)
+
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel):
+            module.register_comm_hook(None, counting)
+    return count
 
 
 def accumulate_plainly(model: Any, optimizer: Any, batches: list[Any], num_steps: int) -> list[Any]:

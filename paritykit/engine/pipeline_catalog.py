@@ -25,6 +25,8 @@ import torch
 EXACT, SEMI_SYNC, STOPS_WITH_DATA, EVAL = "exact", "semi_sync", "stops_with_data", "eval"
 # TrainPipelinePT2 compiles the model at this iteration; the gate's runs never reach it (see docs/pipeline.md).
 NEVER_COMPILE = 2**31
+# TrainPipelineSemiSync with this start batch never runs semi-synchronously: the plain loop's numbers.
+NEVER_SEMI_SYNC = 2**31
 # execute_all_batches=False: how many batches are still in flight when the dataloader runs dry.
 IN_FLIGHT_AT_STOP = 2
 
@@ -87,12 +89,15 @@ VARIANTS: dict[str, Variant] = {
     "lite:inplace_copy": Variant("TrainPipelineSparseDistLite", _inplace(clear_data_dist_inputs=True)),
     "threaded": Variant("TrainPipelineSparseDistT", module="experimental_pipelines"),
     "threaded:inplace_copy": Variant("TrainPipelineSparseDistT", _inplace(), module="experimental_pipelines"),
+    "threaded:jit": Variant("TrainPipelineSparseDistT", (("apply_jit", True),), module="experimental_pipelines"),
     "hybrid": Variant("TrainEvalHybridPipelineBase", module="experimental_pipelines"),
     "pt2:eager": Variant("TrainPipelinePT2"),
     "fused:data_dist:free_inputs": Variant(
         "TrainPipelineFusedSparseDist", _inplace(clear_data_dist_inputs=True, enqueue_batch_after_forward=True)),
     "semi_sync:stash_gradients": Variant("TrainPipelineSemiSync", (("stash_gradients", True),), SEMI_SYNC),
     "semi_sync:free_inputs": Variant("TrainPipelineSemiSync", _inplace(clear_data_dist_inputs=True), SEMI_SYNC),
+    # A start batch the run never reaches: every lookup after the previous update, to the end of the data.
+    "semi_sync:never_starts": Variant("TrainPipelineSemiSync", (("start_batch", NEVER_SEMI_SYNC),)),
     "eval:sparse_dist": Variant("EvalPipelineSparseDist", promise=EVAL),
     "eval:fused": Variant("EvalPipelineFusedSparseDist", promise=EVAL),
     "eval:fused:after_dd": Variant("EvalPipelineFusedSparseDist", (("embedding_lookup_after_data_dist", True),), EVAL),
@@ -115,7 +120,7 @@ def build_variant(name: str, model: Any, optimizer: Any, device: torch.device, s
         raise ValueError(f"pipeline {name!r} cannot be built: {why}")
     kwargs = dict(variant.options)
     if variant.class_name == "TrainPipelineSemiSync":
-        kwargs["start_batch"] = semi_sync_start_batch
+        kwargs.setdefault("start_batch", semi_sync_start_batch)
     if variant.class_name == "TrainPipelinePT2":
         from torchrec.distributed.train_pipeline.train_pipelines import TorchCompileConfig
 

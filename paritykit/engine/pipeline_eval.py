@@ -27,6 +27,10 @@ from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.errors import HarnessError, ParityError
 
 PLAIN_EVAL = "plain:eval"
+# EvalPipelineSparseDist holds the next batch in its queue and its thread prefetches one more.
+PREFETCHED = 2
+# How long a stopped data-loading thread may take to end (it ends at once when it works).
+STOP_JOIN_TIMEOUT_S = 10.0
 # A pipeline that returns this many outputs past its data is not stopping: give up.
 EXTRA_STEPS_ALLOWED = 3
 
@@ -48,6 +52,11 @@ class FlakyBatches:
 
     def __iter__(self) -> Iterator[Any]:
         return self
+
+    @property
+    def reads(self) -> int:
+        """How many batches were asked for so far."""
+        return self._next
 
     def __next__(self) -> Any:
         index = self._next
@@ -101,6 +110,51 @@ class EvalDrive:
                     raise ParityError(f"{self.pipeline}: a retriable dataloader error reached progress(): {exc}") from exc
                 return outputs
         raise ParityError(f"{self.pipeline}: still returning outputs after {len(outputs)} progress() calls for {count} batches")
+
+
+@dataclass(frozen=True)
+class StoppedEvalDrive:
+    """A driver: ``pipeline`` (EvalPipelineSparseDist, with its DataLoadingThread) evaluates
+    ``stop_after`` batches, then ``reset()`` stops it mid-epoch. Its thread must end (join) and leave the
+    rest of the dataloader to the caller: at most the batch it was prefetching is read after the last
+    one handed out (``stop_after + PREFETCHED`` reads in all)."""
+
+    stop_after: int
+    pipeline: str = "eval:sparse_dist"
+    timeout_s: float = STOP_JOIN_TIMEOUT_S
+
+    def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
+        import threading
+
+        model.eval()
+        data = FlakyBatches(batches, len(batches), retryable=True)  # never fails: counts the reads
+        before = set(threading.enumerate())
+        pipeline = build_variant(self.pipeline, model, optimizer, device)
+        outputs = [pipeline.progress(data) for _ in range(self.stop_after)]
+        pipeline.reset()
+        alive = _still_running([thread for thread in threading.enumerate() if thread not in before], self.timeout_s)
+        if alive:
+            raise ParityError(f"{self.pipeline}: reset() after {self.stop_after} batches left {alive} running "
+                              f"({self.timeout_s} s after the stop), holding the dataloader")
+        if data.reads > self.stop_after + PREFETCHED:
+            raise ParityError(f"{self.pipeline}: stopped after {self.stop_after} batches, it read {data.reads} from "
+                              f"the dataloader (at most {self.stop_after + PREFETCHED}: one queued, one prefetched)")
+        return outputs
+
+
+def _still_running(threads: list[Any], timeout_s: float) -> list[str]:
+    """The names of ``threads`` still running after ``timeout_s``. Not ``join()`` nor
+    ``is_alive()``: torchrec's DataLoadingThread shadows ``Thread._stop`` with a bool, so both raise
+    TypeError once it has ended (docs/pipeline.md); a thread leaves ``threading.enumerate()`` when it ends."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [thread for thread in threads if thread in threading.enumerate()]
+        if not running or time.monotonic() > deadline:
+            return [thread.name for thread in running]
+        time.sleep(0.01)
 
 
 def _skipping_retriable(data: Iterator[Any]) -> Iterator[Any]:

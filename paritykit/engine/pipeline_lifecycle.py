@@ -31,11 +31,12 @@ PLAIN = "plain"
 EXTRA_STEPS_ALLOWED = 3
 
 
-def lifecycle_order(count: int, first: int, detach_after: int) -> list[int]:
+def lifecycle_order(count: int, first: int, detach_after: int, side_step: bool = True) -> list[int]:
     """The batch indices in the order the lifecycle trains them (see the module docstring)."""
     if not 0 < detach_after <= first < count:
         raise ValueError(f"need 0 < detach_after ({detach_after}) <= first ({first}) < batches ({count})")
-    return list(range(detach_after)) + [first] + list(range(detach_after, first)) + list(range(first + 1, count))
+    side = [first] if side_step else []
+    return list(range(detach_after)) + side + list(range(detach_after, first)) + list(range(first + 1, count))
 
 
 def progress_all(pipeline: Any, data: Any, count: int, label: str) -> list[Any]:
@@ -64,6 +65,8 @@ class LifecycleDrive:
     pipeline: str
     first: int
     detach_after: int
+    # False: detach() and attach() back to back, the side batch never trained (lifecycle_order(side_step=False)).
+    side_step: bool = True
 
     def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
         lifecycle_order(len(batches), self.first, self.detach_after)
@@ -78,7 +81,8 @@ class LifecycleDrive:
         data = iter(part_a)
         outputs = [pipeline.progress(data) for _ in range(self.detach_after)]
         detached = pipeline.detach()
-        outputs.append(plain_step(detached, optimizer, side))
+        if self.side_step:
+            outputs.append(plain_step(detached, optimizer, side))
         pipeline.attach(detached)
         outputs += progress_all(pipeline, data, len(part_a), self.pipeline)
         pipeline.attach(pipeline.detach())  # attaching once the pipeline has run dry

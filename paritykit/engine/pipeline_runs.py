@@ -26,6 +26,14 @@ from paritykit.engine.pipeline_catalog import EXACT, SEMI_SYNC, VARIANTS, build_
 from paritykit.engine.pipeline_contract import model_loss
 from paritykit.engine.builtin_models import DataSpec, ModelSpec
 from paritykit.engine.pipeline_setup import sharded_for_training
+from paritykit.engine.pipeline_promises import (
+    BatchGuard,
+    assert_inputs_freed,
+    assert_pipelined,
+    assert_scripted,
+    declared_pipelined,
+    recorded_all_to_all_inputs,
+)
 from paritykit.engine.outputs import to_cpu
 from paritykit.engine.probes import EmbeddingProbe
 from paritykit.engine.training import (
@@ -224,15 +232,63 @@ def plain_step(model: Any, optimizer: Any, batch: Any) -> Any:
 def _progress_until_exhausted(job: PipelineJob, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
     pipeline = make_torchrec_pipeline(job.pipeline, model, optimizer, device, job.semi_sync_start_batch)
     overlap = overlap_optimizer_with_lookup(pipeline) if job.overlap_optimizer else contextlib.nullcontext()
+    options = options_of(job.pipeline)
+    guard = None if options.get("free_features_storage_early") else BatchGuard(batches)
     remaining, outputs = iter(batches), []
-    with overlap:
+    with overlap, recorded_all_to_all_inputs() as sent:
         while True:
             try:
                 outputs.append(pipeline.progress(remaining))
             except StopIteration:
-                return outputs
+                break
+            if len(outputs) == 1:
+                _check_pipelined(job.pipeline, pipeline, model, options)
             if len(outputs) > len(batches) + EXTRA_STEPS_ALLOWED:
                 raise ParityError(f"{job.pipeline}: still returning steps after {len(outputs)} progress() calls for {len(batches)} batches")
+    _check_options_kept(job.pipeline, pipeline, model, options, guard, sent)
+    return outputs
+
+
+def options_of(name: str) -> dict[str, Any]:
+    """The constructor options paritykit asked for (never torchrec's defaults: what an option promises
+    is judged from what the caller asked)."""
+    return dict(VARIANTS[name].options) if name in VARIANTS else dict(PIPELINES[name][1])
+
+
+def _default_of(cls: type, option: str) -> Any:
+    """``cls``'s default for ``option`` (the most derived class that names it)."""
+    import inspect
+
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        parameter = None if init is None else inspect.signature(init).parameters.get(option)
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return False
+
+
+def _check_pipelined(name: str, pipeline: Any, model: Any, options: dict[str, Any]) -> None:
+    from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDist
+
+    postproc = options.get("pipeline_postproc", _default_of(type(pipeline), "pipeline_postproc"))
+    expected = declared_pipelined(model, bool(postproc))
+    if expected is not None and isinstance(pipeline, TrainPipelineSparseDist):
+        assert_pipelined(model, expected, name)
+
+
+def _check_options_kept(name: str, pipeline: Any, model: Any, options: dict[str, Any], guard: BatchGuard | None,
+                        sent: list[Any]) -> None:
+    """The promises of the options beyond the numbers (pipeline_promises.py)."""
+    import torch.distributed as dist
+    from torchrec.distributed.train_pipeline import train_pipelines
+
+    if guard is not None:
+        guard.assert_intact(name)
+    assert_scripted(model, bool(options.get("apply_jit", False)), name)
+    # Lite waits each input dist inside the progress() that starts it: no input stays in flight to free.
+    lite = getattr(train_pipelines, "TrainPipelineSparseDistLite", ())
+    if options.get("clear_data_dist_inputs") and dist.get_world_size() > 1 and not isinstance(pipeline, lite):
+        assert_inputs_freed(sent, name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -229,3 +229,4 @@ def td_input_dist_ignores_feature_order() -> Iterator[None]:
 
 # The surface cases' plants live in their own module; importing it registers them.
 from paritykit.checks.pipeline import plants_surface  # noqa: E402,F401
+from paritykit.checks.pipeline import plants_options  # noqa: E402,F401

@@ -11,6 +11,7 @@ crosses ranks).
 | ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, two epochs, lookup ahead | the plain loop |
 | ``dlrm/lifecycle`` | detach, attach, reset, a next epoch; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
+| ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 1, six batches | the plain loop with one-step-stale lookups, exactly |
 
 And, on two or more ranks, three known-broken cases (``known_issues.toml``): the same comparisons
 where torchrec breaks them.
@@ -30,6 +31,7 @@ from paritykit.checks.pipeline.surface_runs import (
     eval_pipelines,
     gradient_accumulation,
     lifecycle,
+    semi_sync_staleness,
     staged,
 )
 from paritykit.checks.results import CaseResult
@@ -83,6 +85,7 @@ def surface_bodies(config: GateConfig, world_size: int) -> dict[str, Callable[[A
         "dlrm/staged": lambda pool, out: staged(pool, dlrm(), DEFAULT_SEMI_SYNC_BOUNDS),
         "dlrm/lifecycle": lambda pool, out: lifecycle(pool, dlrm()),
         "dlrm/backward-hooks": lambda pool, out: backward_hooks(pool, dlrm()),
+        "dlrm/semi-sync-staleness": lambda pool, out: semi_sync_staleness(pool, dlrm()),
     }
 
 

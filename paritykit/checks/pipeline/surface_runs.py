@@ -9,6 +9,8 @@ ranks, compares, and returns what it compared (``surface.py`` names and schedule
   semi-synchronous lookup-ahead variant exact at batch 0, then within the SemiSync bounds).
 - ``lifecycle``: detach / a step outside / attach / reset / a new iterator, and the hybrid pipeline
   switching between training and evaluation, against the plain loop over the same sequence.
+- ``semi_sync_staleness``: TrainPipelineSemiSync against the plain loop with its one-step-stale
+  lookups (``pipeline_semisync.py``), exactly.
 - ``backward_hooks``: work injected into backward runs once per step in order; numbers unchanged.
 - the known-broken runs: the same comparisons where torchrec is known to break them.
 """
@@ -22,10 +24,18 @@ from paritykit.checks.pipeline.comparison import predictions
 from paritykit.checks.pipeline.verdicts import assert_identical, assert_semi_sync, assert_untouched, assert_within
 from paritykit.engine.pipeline_accumulation import PLAIN, AccumulationDrive
 from paritykit.engine.pipeline_catalog import EVAL, available
-from paritykit.engine.pipeline_eval import PLAIN_EVAL, EvalDrive, eval_reference, evaluated_steps, without_optimizer_state
+from paritykit.engine.pipeline_eval import (
+    PLAIN_EVAL,
+    EvalDrive,
+    StoppedEvalDrive,
+    eval_reference,
+    evaluated_steps,
+    without_optimizer_state,
+)
 from paritykit.engine.pipeline_hooks import BackwardOptimizerDrive, HookedDrive
 from paritykit.engine.pipeline_lifecycle import HybridDrive, LifecycleDrive, lifecycle_order
-from paritykit.engine.pipeline_runs import run_driven, run_plain
+from paritykit.engine.pipeline_runs import PipelineJob, run_driven, run_pipeline, run_plain
+from paritykit.engine.pipeline_semisync import StaleLookupDrive
 from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.engine.tolerances import default_tolerance, tolerance_for
 from paritykit.engine.training import TrainingSetup
@@ -36,14 +46,25 @@ ANCHOR = "the plain loop over the sharded model must match the unsharded model"
 # Gradient accumulation: windows of two micro-batches; two epochs, the first ending inside a window.
 ACCUMULATION_STEPS = 2
 ACCUMULATION_EPOCHS = (3, 2)
+# Then one epoch of all six batches with three warm-up steps: all-reduces at 0, 1, 2, 3, 5, none at 4.
+ACCUMULATION_WARMUP = 3
 # The eval dataloader fails at this batch: retriably (skipped) or not (raised).
 FAILING_BATCH = 1
+# EvalPipelineSparseDist is reset after this many batches of the six (its thread must end).
+EVAL_STOP_AFTER = 2
 # Lifecycle: A is the first LIFECYCLE_FIRST batches, detached after LIFECYCLE_DETACH_AFTER steps.
 LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER = 3, 2
 HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
 # Pipelines driven through gradient accumulation, the lifecycle and the backward hooks.
 ACCUMULATED_PIPELINES = ("sparse_dist", "base")
-LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "base")
+LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "semi_sync:never_starts", "base")
+# pipeline -> (first, detach_after, side step). SemiSync looks the next batch up at the end of progress(),
+# so a step taken while it is detached is not seen by that batch (docs/pipeline.md): it is detached and
+# attached back to back, after one step, with three batches in flight (the one attach resumes is not the newest).
+LIFECYCLE_SHAPES = {"semi_sync:never_starts": (4, 1, False)}
+# SemiSync's staleness from batch 1 (exact through it, stale after), over the six surface batches:
+# twice its queue of three.
+STALENESS_START_BATCHES = (1,)
 
 
 def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
@@ -67,6 +88,14 @@ def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
         assert_untouched(record, setup.full_state, name)
         assert_identical(_prefix(expected, len(record.outputs), drive), record, ("plain:eval", name), EXACT_EVAL)
         metrics[name] = {"steps": len(record.outputs)}
+    if "eval:sparse_dist" in available(EVAL):
+        name = "eval:sparse_dist[reset mid-epoch]"
+        record = run_driven(pool, setup, StoppedEvalDrive(EVAL_STOP_AFTER), name)
+        assert_untouched(record, setup.full_state, name)
+        expected = replace(plain, outputs=plain.outputs[:EVAL_STOP_AFTER], losses=plain.losses[:EVAL_STOP_AFTER],
+                           embeddings=plain.embeddings[:EVAL_STOP_AFTER])
+        assert_identical(expected, record, ("plain:eval", name), EXACT_EVAL)
+        metrics[name] = {"steps": len(record.outputs)}
     return metrics
 
 
@@ -80,7 +109,7 @@ def _prefix(expected: Any, steps: int, drive: EvalDrive) -> Any:
 def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str, ...] = ACCUMULATED_PIPELINES,
                           epochs: tuple[int, ...] = ACCUMULATION_EPOCHS, mark_last: bool = True) -> dict[str, Any]:
     """GradientAccumulationWrapper around each pipeline against the plain accumulating loop."""
-    setup = replace(setup, batches=setup.batches[: sum(epochs)])
+    full, setup = setup, replace(setup, batches=setup.batches[: sum(epochs)])
     plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS, epochs), "plain[accumulating]")
     metrics = {}
     # DDP all-reduces a window's gradients once instead of once per micro-batch: the same sum in
@@ -92,7 +121,19 @@ def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str,
         metrics[name] = assert_within(plain, record, ("plain[accumulating]", name), tolerance,
                                       f"gradient accumulation over {ACCUMULATION_STEPS} steps must sum the window's gradients "
                                       "into one dense step")
+    if mark_last:
+        metrics.update(_accumulation_warmup(pool, full, tolerance))
     return metrics
+
+
+def _accumulation_warmup(pool: Any, setup: TrainingSetup, tolerance: Any) -> dict[str, Any]:
+    """One epoch of every batch with warm-up steps: the all-reduce schedule (checked on the ranks:
+    every step of the warm-up, then once per window) and the plain accumulating loop's numbers."""
+    name = f"sparse_dist[accumulating, warm-up {ACCUMULATION_WARMUP}]"
+    plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS), "plain[accumulating, one epoch]")
+    record = run_driven(pool, setup, AccumulationDrive("sparse_dist", ACCUMULATION_STEPS, warmup=ACCUMULATION_WARMUP), name)
+    return {name: assert_within(plain, record, ("plain[accumulating, one epoch]", name), tolerance,
+                                "warm-up steps change when DDP all-reduces, not what the window sums")}
 
 
 STAGED_DRIVES = (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
@@ -114,13 +155,17 @@ def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any, drives: tuple
 
 
 def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
-    order = lifecycle_order(len(setup.batches), LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER)
-    plain = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]), "plain[lifecycle]"))
+    plains: dict[tuple[int, int, bool], Any] = {}
     metrics = {}
     for pipeline in LIFECYCLE_PIPELINES:
+        shape = LIFECYCLE_SHAPES.get(pipeline, (LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER, True))
+        if shape not in plains:
+            order = lifecycle_order(len(setup.batches), *shape)
+            plains[shape] = predictions(run_plain(pool, replace(setup, batches=[setup.batches[i] for i in order]),
+                                                  "plain[lifecycle]"))
         name = f"{pipeline}[lifecycle]"
-        record = run_driven(pool, setup, LifecycleDrive(pipeline, LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER), name)
-        assert_identical(plain, record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
+        record = run_driven(pool, setup, LifecycleDrive(pipeline, *shape), name)
+        assert_identical(plains[shape], record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
         metrics[name] = {"steps": len(record.outputs)}
     hybrid_setup = replace(setup, batches=setup.batches[: sum(count for _, count in HYBRID_PHASES)])
     hybrid_plain = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES, PLAIN), "plain[train-eval-train]")
@@ -128,6 +173,19 @@ def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
     assert_identical(hybrid_plain, record, ("plain[train-eval-train]", "hybrid[train-eval-train]"),
                      "the hybrid pipeline trains the training phases and only evaluates the eval phase")
     metrics["hybrid[train-eval-train]"] = {"steps": len(record.outputs)}
+    return metrics
+
+
+def semi_sync_staleness(pool: Any, setup: TrainingSetup, start_batches: tuple[int, ...] = STALENESS_START_BATCHES) -> dict[str, Any]:
+    """TrainPipelineSemiSync against the plain loop with its documented one-step-stale lookups, exactly."""
+    metrics = {}
+    for start in start_batches:
+        oracle = run_driven(pool, setup, StaleLookupDrive(start), f"plain[stale lookups from {start}]")
+        name = f"semi_sync[start_batch={start}]"
+        record = run_pipeline(pool, PipelineJob(setup, "semi_sync", start), name)
+        assert_identical(oracle, record, (f"plain[stale lookups from {start}]", name),
+                         "SemiSync looks each batch after start_batch up before the previous backward, and only that")
+        metrics[name] = {"steps": len(record.outputs)}
     return metrics
 
 
