@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from paritykit.checks import known_configurations, known_issues
-from paritykit.gate.repro import script_text
+from paritykit.gate.repro import PRELUDE_START, prelude_block, prelude_text, refresh_preludes, script_text
 from paritykit.gate.repro_command import known_issue_title
 from paritykit.harness.versions import installed_versions
 
@@ -85,6 +85,67 @@ def test_a_hand_written_script_names_its_issue_imports_torch_and_torchrec_only_a
     assert imported_modules(text) <= ALLOWED_IMPORTS
     assert cli.main(["repro", issue_id]) == 0
     assert capsys.readouterr().out == text
+
+
+# Hand-written scripts still carrying their own plumbing (not yet moved onto the shared prelude).
+NOT_ON_THE_PRELUDE = {
+    "bwd-opt-steps-before-ddp-allreduce",
+    "cpu-row-wise-adagrad-weight-decay-ignored",
+    "dcp-dense-kernel-optimizer-state",
+    "dcp-param-groups-per-rank",
+    "dcp-rank-without-a-table-and-empty-optimizer-state",
+    "dense-kernel-table-missing-on-a-rank",
+    "dmp-copy",
+    "dmp-reshard-p2p-tags",
+    "ebc-unweighted-uses-kjt-weights",
+    "ec-fused-optimizer-type-ignored",
+    "ec-sync-collectives-rank-without-shards",
+    "gradient-accumulation-flush-without-sync",
+    "jt-to-padded-dense-no-rows",
+    "kjt-offsets-zero-batch",
+    "kjt-permute-weights-grad-not-bijective",
+    "kjt-to-dict-zero-batch",
+    "kt-multi-embedding-unused-key-grad",
+    "kt-regroup-key-dim-0",
+    "one-row-shard-row-states-as-single-values",
+    "per-rank-load-other-shards",
+    "resume-with-dense-table-missing-on-a-rank",
+    "row-wise-state-other-column-blocks",
+    "semi-sync-local-param-groups-not-restored",
+    "sharded-embedding-bag-column-wise",
+    "sharded-embedding-bag-data-parallel",
+    "sharded-embedding-bag-torch-offsets",
+    "staged-pipeline-next-epoch-returns-none",
+    "update-hyper-parameters-lr-lost",
+    "vbe-kjt-permute-weights-no-grad",
+    "warmup-inv-sqrt-first-stage",
+    "warmup-over-combined-optimizer",
+    "warmup-resume-through-combined-optimizer",
+}
+
+
+@pytest.mark.parametrize("issue_id", HANDWRITTEN)
+def test_a_hand_written_script_carries_the_prelude_byte_for_byte(issue_id):
+    text = (REPROS / f"{issue_id}.py").read_text()
+    if issue_id in NOT_ON_THE_PRELUDE:
+        assert PRELUDE_START not in text, f"repros/{issue_id}.py is on the prelude now: take it off NOT_ON_THE_PRELUDE"
+        return
+    start, end = prelude_block(text, issue_id)
+    assert text[start:end] == prelude_text(), (
+        f"repros/{issue_id}.py's prelude differs from paritykit/gate/repro_prelude.py's: `paritykit repro --refresh-prelude`")
+    docstring_end = text.index(chr(34) * 3, 3) + 3
+    assert text[docstring_end:start].strip() == "", "the prelude comes right after the docstring"
+
+
+def test_the_prelude_imports_torch_and_the_allowed_stdlib_only_and_a_refresh_rewrites_a_drifted_copy(tmp_path):
+    assert imported_modules(prelude_text()) <= ALLOWED_IMPORTS
+    script = chr(34) * 3 + "Known torchrec issue x." + chr(34) * 3 + "\n\n" + prelude_text() + "\n\nprint('body')\n"
+    (tmp_path / "fresh.py").write_text(script)
+    (tmp_path / "drifted.py").write_text(script.replace("EXIT_OK, EXIT_REPRODUCED", "EXIT_OK,  EXIT_REPRODUCED"))
+    (tmp_path / "plain.py").write_text("print('no prelude')\n")
+    assert [p.name for p in refresh_preludes(tmp_path)] == ["drifted.py"]
+    assert (tmp_path / "drifted.py").read_text() == script
+    assert (tmp_path / "plain.py").read_text() == "print('no prelude')\n"
 
 
 @pytest.mark.slow  # one more run of every hand-written script: the release profile's
