@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from paritykit.checks import known_configurations, known_issues
-from paritykit.gate.repro import PRELUDE_START, prelude_block, prelude_text, refresh_preludes, script_text
+from paritykit.gate.repro import prelude_block, prelude_text, refresh_preludes, script_text
 from paritykit.gate.repro_command import known_issue_title
 from paritykit.harness.versions import installed_versions
 
@@ -87,49 +87,11 @@ def test_a_hand_written_script_names_its_issue_imports_torch_and_torchrec_only_a
     assert capsys.readouterr().out == text
 
 
-# Hand-written scripts still carrying their own plumbing (not yet moved onto the shared prelude).
-NOT_ON_THE_PRELUDE = {
-    "bwd-opt-steps-before-ddp-allreduce",
-    "cpu-row-wise-adagrad-weight-decay-ignored",
-    "dcp-dense-kernel-optimizer-state",
-    "dcp-param-groups-per-rank",
-    "dcp-rank-without-a-table-and-empty-optimizer-state",
-    "dense-kernel-table-missing-on-a-rank",
-    "dmp-copy",
-    "dmp-reshard-p2p-tags",
-    "ebc-unweighted-uses-kjt-weights",
-    "ec-fused-optimizer-type-ignored",
-    "ec-sync-collectives-rank-without-shards",
-    "gradient-accumulation-flush-without-sync",
-    "jt-to-padded-dense-no-rows",
-    "kjt-offsets-zero-batch",
-    "kjt-permute-weights-grad-not-bijective",
-    "kjt-to-dict-zero-batch",
-    "kt-multi-embedding-unused-key-grad",
-    "kt-regroup-key-dim-0",
-    "one-row-shard-row-states-as-single-values",
-    "per-rank-load-other-shards",
-    "resume-with-dense-table-missing-on-a-rank",
-    "row-wise-state-other-column-blocks",
-    "semi-sync-local-param-groups-not-restored",
-    "sharded-embedding-bag-column-wise",
-    "sharded-embedding-bag-data-parallel",
-    "sharded-embedding-bag-torch-offsets",
-    "staged-pipeline-next-epoch-returns-none",
-    "update-hyper-parameters-lr-lost",
-    "vbe-kjt-permute-weights-no-grad",
-    "warmup-inv-sqrt-first-stage",
-    "warmup-over-combined-optimizer",
-    "warmup-resume-through-combined-optimizer",
-}
 
 
 @pytest.mark.parametrize("issue_id", HANDWRITTEN)
 def test_a_hand_written_script_carries_the_prelude_byte_for_byte(issue_id):
     text = (REPROS / f"{issue_id}.py").read_text()
-    if issue_id in NOT_ON_THE_PRELUDE:
-        assert PRELUDE_START not in text, f"repros/{issue_id}.py is on the prelude now: take it off NOT_ON_THE_PRELUDE"
-        return
     start, end = prelude_block(text, issue_id)
     assert text[start:end] == prelude_text(), (
         f"repros/{issue_id}.py's prelude differs from paritykit/gate/repro_prelude.py's: `paritykit repro --refresh-prelude`")
@@ -146,6 +108,45 @@ def test_the_prelude_imports_torch_and_the_allowed_stdlib_only_and_a_refresh_rew
     assert [p.name for p in refresh_preludes(tmp_path)] == ["drifted.py"]
     assert (tmp_path / "drifted.py").read_text() == script
     assert (tmp_path / "plain.py").read_text() == "print('no prelude')\n"
+
+
+PLUMBING_BODY = """
+def run_rank(rank, scratch, how):
+    start_process_group(rank, 2, scratch, timeout_s=120)  # longer than the deadline: the parent must end a hang
+    if rank == 1 and how == "crash":
+        os._exit(3)  # dies without a result
+    if rank == 1 and how == "hang":
+        import time
+        time.sleep(600)  # outlives the deadline
+    finish_rank(scratch, {"rank": rank, "problems": []}, failed=False)
+
+
+def main():
+    how = sys.argv[1]
+    if how == "raise":
+        raise ValueError("a bug of the script itself")
+    results = run_ranks(run_rank, (how,), 2, deadline_s=20)
+    errors = [r for r in results if r.get("error")]
+    if errors:
+        return cannot_run("; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
+    return ok("both ranks finished")
+
+
+if __name__ == "__main__":
+    run_script(main)
+"""
+
+
+@pytest.mark.slow  # three runs that spawn ranks: the release profile's
+@pytest.mark.parametrize("how", ["crash", "hang", "raise", "clean"])
+def test_the_prelude_reports_a_crashed_or_hung_rank_or_a_failing_script_as_cannot_run(tmp_path, how):
+    path = tmp_path / "plumbing.py"
+    path.write_text(chr(34) * 3 + "The prelude's plumbing." + chr(34) * 3 + "\n\n" + prelude_text() + PLUMBING_BODY)
+    result = run_script(path, args=(how,))
+    expected = (0, "OK") if how == "clean" else (2, "CANNOT RUN")
+    assert (result.returncode, result.stdout.split(":")[0]) == expected, result.stdout + result.stderr[-3000:]
+    assert {"crash": "rank 1: it wrote no result", "hang": "rank 1: it did not finish within 20 s",
+            "raise": "ValueError: a bug of the script itself", "clean": "both ranks finished"}[how] in result.stdout
 
 
 @pytest.mark.slow  # one more run of every hand-written script: the release profile's

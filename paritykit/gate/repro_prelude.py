@@ -40,6 +40,16 @@ def cannot_run(message: str) -> int:
     return EXIT_CANNOT_RUN
 
 
+def run_script(main) -> None:
+    """Exits with ``main()``'s code; an exception that escapes it is this script's failure (exit 2), never
+    Python's exit 1, which would read as a reproduction."""
+    try:
+        code = main()
+    except Exception:  # noqa: BLE001 - whatever the script itself failed on
+        code = cannot_run(f"the script itself failed:\n{traceback.format_exc()}")
+    sys.exit(code)
+
+
 def control_requested(help_text: str) -> bool:
     """Whether the script runs its --control: the nearest configuration torchrec computes right."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
@@ -49,10 +59,10 @@ def control_requested(help_text: str) -> bool:
 
 def library_frame(exc: BaseException, places: tuple = TORCHREC) -> str:
     """The innermost frame in one of ``places`` (folders such as "torchrec" or "torch/distributed") of the
-    exception's traceback, as "file:line (function)"; "" when the exception did not come from there."""
+    exception's traceback, as "file:line (function: code)"; "" when the exception did not come from there."""
     marks = [os.sep + os.path.join(*place.split("/")) + os.sep for place in places]
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(mark in f.filename for mark in marks)]
-    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name}: {frames[-1].line})" if frames else ""
 
 
 def first_lines(text: str, count: int = 3) -> str:
@@ -66,7 +76,7 @@ def verdict_of_raise(exc: BaseException, what: str, places: tuple = TORCHREC) ->
     where = library_frame(exc, places)
     if not where:
         return cannot_run(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    return reproduced(f"{what} raised {type(exc).__name__}: {exc} (in {where})")
+    return reproduced(f"{what} raised {type(exc).__name__}: {exc} (in {where})".replace("\n", " "))
 
 
 def roundoff_bound(expected: torch.Tensor, units: int = 64, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -97,6 +107,21 @@ def start_process_group(rank: int, world_size: int, scratch: str, timeout_s: flo
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
+class OneRank:
+    """A process group of this process alone (gloo, world size 1) for a with-block: DMP needs one."""
+
+    def __enter__(self) -> "OneRank":
+        self.scratch = tempfile.TemporaryDirectory(prefix="torchrec-repro-")
+        start_process_group(0, 1, self.scratch.name)
+        return self
+
+    def __exit__(self, *raised) -> bool:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.scratch.cleanup()
+        return False  # an exception goes on to the script's verdict
+
+
 def finish_rank(scratch: str, result: dict, failed: bool) -> None:
     """Hands this rank's result (a JSON dict with its "rank") to the parent. A failed rank exits at once (another
     may wait in a collective: torch.multiprocessing ends it); the others leave the process group together."""
@@ -118,15 +143,17 @@ def run_ranks(run_rank, args: tuple, world_size: int, deadline_s: float = DEADLI
         try:
             while not context.join(timeout=1):
                 if datetime.datetime.now() > deadline:
-                    ended = f"the ranks did not finish within {deadline_s} s"
+                    ended = f"it did not finish within {deadline_s} s"
                     break
         except Exception as exc:  # a rank exited early (it wrote why); torch.multiprocessing ended the others
             ended = f"a rank exited early ({type(exc).__name__}: {first_lines(str(exc), 1)})"
-        for process in context.processes:
-            if process.is_alive():
+        results = [read_result(scratch, rank, ended) for rank in range(world_size)]
+        for result, process in zip(results, context.processes):
+            if process.is_alive():  # hung past the deadline, whatever it wrote
                 process.kill()
                 process.join()
-        return [read_result(scratch, rank, ended) for rank in range(world_size)]
+                result["error"] = ended
+        return results
 
 
 def read_result(scratch: str, rank: int, ended: str) -> dict:
