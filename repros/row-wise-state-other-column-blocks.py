@@ -31,6 +31,8 @@ another order, a few roundings per step; a lost state is off by O(1).
     exit 2: the script itself could not run (CANNOT RUN)
 """
 
+# --- paritykit repro prelude (generated from paritykit/gate/repro_prelude.py; do not edit) ---
+# Plumbing shared by paritykit's hand-written reproductions; the script's own story follows the prelude.
 import argparse
 import datetime
 import json
@@ -38,11 +40,157 @@ import os
 import sys
 import tempfile
 import traceback
-import zlib
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+EXIT_OK, EXIT_REPRODUCED, EXIT_CANNOT_RUN = 0, 1, 2
+TORCHREC = ("torchrec", "fbgemm_gpu")  # a raise inside these is torchrec's; elsewhere the script failed
+COLLECTIVE_TIMEOUT_S = 60  # a rank waiting on a collective gives up after this
+DEADLINE_S = 240  # the parent ends every rank after this
+
+
+def ok(message: str) -> int:
+    print(f"OK: {message}")
+    return EXIT_OK
+
+
+def reproduced(message: str) -> int:
+    print(f"REPRODUCED: {message}")
+    return EXIT_REPRODUCED
+
+
+def cannot_run(message: str) -> int:
+    print(f"CANNOT RUN: {message}")
+    return EXIT_CANNOT_RUN
+
+
+def run_script(main) -> None:
+    """Exits with ``main()``'s code; an exception that escapes it is this script's failure (exit 2), never
+    Python's exit 1, which would read as a reproduction."""
+    try:
+        code = main()
+    except Exception:  # noqa: BLE001 - whatever the script itself failed on
+        code = cannot_run(f"the script itself failed:\n{traceback.format_exc()}")
+    sys.exit(code)
+
+
+def control_requested(help_text: str) -> bool:
+    """Whether the script runs its --control: the nearest configuration torchrec computes right."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("--control", action="store_true", help=help_text)
+    return parser.parse_args().control
+
+
+def library_frame(exc: BaseException, places: tuple = TORCHREC) -> str:
+    """The innermost frame in one of ``places`` (folders such as "torchrec" or "torch/distributed") of the
+    exception's traceback, as "file:line (function: code)"; "" when the exception did not come from there."""
+    marks = [os.sep + os.path.join(*place.split("/")) + os.sep for place in places]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(mark in f.filename for mark in marks)]
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name}: {frames[-1].line})" if frames else ""
+
+
+def first_lines(text: str, count: int = 3) -> str:
+    """The reason on an exception's first lines (DCP's exception repeats every rank's traceback)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith((" ", "Traceback"))]
+    return " | ".join(lines[:count])
+
+
+def verdict_of_raise(exc: BaseException, what: str, places: tuple = TORCHREC) -> int:
+    """A raise out of ``what``: torchrec's is a reproduction (its type, message and frame); else CANNOT RUN."""
+    where = library_frame(exc, places)
+    if not where:
+        return cannot_run(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    return reproduced(f"{what} raised {type(exc).__name__}: {exc} (in {where})".replace("\n", " "))
+
+
+def roundoff_bound(expected: torch.Tensor, units: int = 64, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``units`` units of roundoff of ``dtype`` x (|expected| + max|expected|): a few roundings per operation
+    summed in another order stay inside; a wrong row, state or step is off by O(1)."""
+    scale = expected.abs().max() if expected.numel() else 0.0
+    return units * torch.finfo(dtype).eps / 2 * (expected.abs() + scale)
+
+
+def first_difference(actual: torch.Tensor, expected: torch.Tensor, bound, origin: tuple = (), oracle: str = "oracle") -> str:
+    """"" when ``actual`` is within ``bound`` of ``expected`` everywhere; else the shapes, or how many elements
+    differ and the first (its index in the full tensor: ``origin`` added) with both values. NaN differs."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"shape {tuple(actual.shape)} vs {oracle} {tuple(expected.shape)}"
+    bad = ~((actual - expected).abs() <= bound)
+    if not bool(bad.any()):
+        return ""
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    at = [o + i for o, i in zip(origin, index)] if origin else list(index)
+    return (f"{int(bad.sum())} of {bad.numel()} elements differ, first at {at}: "
+            f"{actual[index].item():.6g} vs {oracle} {expected[index].item():.6g}")
+
+
+def start_process_group(rank: int, world_size: int, scratch: str, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """gloo on the CPU, a file:// rendezvous in ``scratch``, collectives that give up after ``timeout_s``."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class OneRank:
+    """A process group of this process alone (gloo, world size 1) for a with-block: DMP needs one."""
+
+    def __enter__(self) -> "OneRank":
+        self.scratch = tempfile.TemporaryDirectory(prefix="torchrec-repro-")
+        start_process_group(0, 1, self.scratch.name)
+        return self
+
+    def __exit__(self, *raised) -> bool:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.scratch.cleanup()
+        return False  # an exception goes on to the script's verdict
+
+
+def finish_rank(scratch: str, result: dict, failed: bool) -> None:
+    """Hands this rank's result (a JSON dict with its "rank") to the parent. A failed rank exits at once (another
+    may wait in a collective: torch.multiprocessing ends it); the others leave the process group together."""
+    with open(os.path.join(scratch, f"rank{result['rank']}.json"), "w") as file:
+        json.dump(result, file)
+    if failed:
+        sys.exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ranks(run_rank, args: tuple, world_size: int, deadline_s: float = DEADLINE_S) -> list:
+    """Runs ``run_rank(rank, scratch, *args)`` in ``world_size`` processes (torch.multiprocessing "spawn"),
+    ends them all after ``deadline_s``, and returns each rank's result. A rank that crashed, hung or wrote no
+    result gets {"rank": rank, "error": why}: the script could not run, never a reproduction."""
+    with tempfile.TemporaryDirectory(prefix="torchrec-repro-") as scratch:
+        context = mp.start_processes(run_rank, args=(scratch, *args), nprocs=world_size, join=False, start_method="spawn")
+        deadline, ended = datetime.datetime.now() + datetime.timedelta(seconds=deadline_s), ""
+        try:
+            while not context.join(timeout=1):
+                if datetime.datetime.now() > deadline:
+                    ended = f"it did not finish within {deadline_s} s"
+                    break
+        except Exception as exc:  # a rank exited early (it wrote why); torch.multiprocessing ended the others
+            ended = f"a rank exited early ({type(exc).__name__}: {first_lines(str(exc), 1)})"
+        results = [read_result(scratch, rank, ended) for rank in range(world_size)]
+        for result, process in zip(results, context.processes):
+            if process.is_alive():  # hung past the deadline, whatever it wrote
+                process.kill()
+                process.join()
+                result["error"] = ended
+        return results
+
+
+def read_result(scratch: str, rank: int, ended: str) -> dict:
+    try:
+        with open(os.path.join(scratch, f"rank{rank}.json")) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return {"rank": rank, "error": f"it wrote no result ({ended or 'it ended without one'})"}
+# --- end prelude ---
+
+import zlib
 
 WORLD_SIZE = 2
 LR = 0.1
@@ -56,6 +204,7 @@ BATCHES = [  # step s, rank r trains BATCHES[(s + r) % 3] (the features of TABLE
 STEPS, SAVE_AFTER = 3, 2
 UNITS_OF_ROUNDOFF = 64
 DEADLINE_S = 240
+PLACES = TORCHREC + ("distributed/checkpoint",)  # a raise there is the checkpoint's, not the script's
 
 
 def scenario(control: bool) -> dict:
@@ -68,66 +217,32 @@ def scenario(control: bool) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--control", action="store_true", help="the nearest configuration torchrec gets right")
-    control = parser.parse_args().control
-    with tempfile.TemporaryDirectory(prefix="torchrec-repro-") as scratch:
-        ended = spawn(control, scratch)
-        results = [read_result(scratch, rank) for rank in range(WORLD_SIZE)]
-    return verdict(results, ended, scenario(control)["describe"])
+    control = control_requested("the nearest configuration torchrec gets right")
+    return verdict(run_ranks(run_rank, (control,), WORLD_SIZE, DEADLINE_S), scenario(control)["describe"])
 
 
-def spawn(control: bool, scratch: str) -> str:
-    """Runs the ranks; ends them all at the deadline. Returns how the spawn ended when not cleanly."""
-    context = mp.start_processes(run_rank, args=(control, scratch), nprocs=WORLD_SIZE, join=False, start_method="spawn")
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=DEADLINE_S)
-    try:
-        while not context.join(timeout=2):
-            if datetime.datetime.now() > deadline:
-                for process in context.processes:
-                    process.kill()
-                return f"the ranks did not finish within {DEADLINE_S} s"
-    except Exception as exc:  # a rank exited early (it wrote why); the others were ended
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return ""
-
-
-def read_result(scratch: str, rank: int) -> dict:
-    try:
-        with open(os.path.join(scratch, f"rank{rank}.json")) as file:
-            return json.load(file)
-    except OSError:
-        return {"rank": rank, "missing": True}
-
-
-def verdict(results: list, ended: str, what: str) -> int:
+def verdict(results: list, what: str) -> int:
     raised = [r for r in results if r.get("raised")]
     problems = [p for r in results for p in r.get("problems", [])]
     if raised:
         first = raised[0]
-        print(f"REPRODUCED: {first['raised']} (rank {first['rank']}, {first['stage']}; {what}; in {first['where']})")
-        return 1
+        return reproduced(f"{first['raised']} (rank {first['rank']}, {first['stage']}; {what}; in {first['where']})")
     if problems:
-        print(f"REPRODUCED: the reloaded model differs from the unsharded one ({what}); {len(problems)} difference(s):")
-        print("\n".join(f"  {p}" for p in problems[:6]))
-        return 1
-    errors = [r for r in results if r.get("error") or r.get("missing")]
-    if errors or ended:
-        print("CANNOT RUN: " + "; ".join(f"rank {r['rank']}: " + (r.get("error") or "wrote no result") for r in errors) + f" {ended}")
+        return reproduced(f"the reloaded model differs from the unsharded one ({what}); {len(problems)} difference(s):\n"
+                          + "\n".join(f"  {p}" for p in problems[:6]))
+    errors = [r for r in results if r.get("error")]
+    if errors:
         for r in errors:
             print(r.get("traceback", ""), file=sys.stderr)
-        return 2
+        return cannot_run("; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
     compared = sum(r["compared"] for r in results)
-    print(f"OK: the checkpoint round trip matches the unsharded model ({what}; {compared} tensors compared)")
-    return 0
+    return ok(f"the checkpoint round trip matches the unsharded model ({what}; {compared} tensors compared)")
 
 
-def run_rank(rank: int, control: bool, scratch: str) -> None:
+def run_rank(rank: int, scratch: str, control: bool) -> None:
     result = {"rank": rank, "problems": [], "compared": 0, "stage": "starting the process group"}
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=WORLD_SIZE,
-                                timeout=datetime.timedelta(seconds=60))
+        start_process_group(rank, WORLD_SIZE, scratch)
         case, directory = scenario(control), os.path.join(scratch, "checkpoint")
         os.makedirs(directory, exist_ok=True)
         result["stage"] = "training the unsharded reference"
@@ -148,29 +263,11 @@ def run_rank(rank: int, control: bool, scratch: str) -> None:
             compare_model(result, dmp, optimizers, reference[step], f"after step {step}")
         result.pop("stage")
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        where = library_frame(exc)
+        where = library_frame(exc, PLACES)
         # Raised inside torchrec, fbgemm or torch.distributed.checkpoint: a reproduction. Elsewhere: this script failed.
         result.update({"raised" if where else "error": f"{type(exc).__name__}: {first_lines(str(exc))}", "where": where,
                        "traceback": traceback.format_exc(limit=-8)})
-    with open(os.path.join(scratch, f"rank{rank}.json"), "w") as file:
-        json.dump(result, file)
-    if result.get("raised") or result.get("error"):
-        sys.exit(1)  # the other ranks may wait in a collective: torch.multiprocessing ends them
-    dist.barrier()  # no rank tears its process group down while another still uses it
-    dist.destroy_process_group()
-
-
-def library_frame(exc: BaseException) -> str:
-    """The innermost frame of torchrec, fbgemm or torch.distributed.checkpoint in the traceback ("" if none)."""
-    marks = (f"{os.sep}torchrec{os.sep}", f"{os.sep}fbgemm_gpu{os.sep}", f"{os.sep}distributed{os.sep}checkpoint{os.sep}")
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(mark in f.filename for mark in marks)]
-    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
-
-
-def first_lines(text: str, count: int = 3) -> str:
-    # DCP's exception repeats every rank's traceback: the reason is on its first lines.
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith((" ", "Traceback"))]
-    return " | ".join(lines[:count])
+    finish_rank(scratch, result, failed=bool(result.get("raised") or result.get("error")))
 
 
 # ---------------------------------------------------------------- the model, its batches and its loss
@@ -368,18 +465,12 @@ def compare(result: dict, what: str, value, full: torch.Tensor, at_window: tuple
     for piece, window in local_pieces(value):
         window = at_window or window
         result["compared"] += 1
-        actual, wanted = piece.detach().double(), full[window].double()
-        if actual.shape != wanted.shape:
-            result["problems"].append(f"rank {result['rank']}, {what}: shape {tuple(actual.shape)} vs {tuple(wanted.shape)}")
-            continue
-        bound = UNITS_OF_ROUNDOFF * torch.finfo(torch.float32).eps / 2 * (wanted.abs() + wanted.abs().max())
-        bad = (actual - wanted).abs() > bound
-        if bool(bad.any()):
-            index = tuple(int(i) for i in bad.nonzero()[0])
-            at = [w.start + i for w, i in zip(window, index)]
-            result["problems"].append(f"rank {result['rank']}, {what}: {int(bad.sum())} of {bad.numel()} elements differ, "
-                                      f"first at {at}: {actual[index].item():.6g} vs unsharded {wanted[index].item():.6g}")
+        wanted = full[window].double()
+        difference = first_difference(piece.detach().double(), wanted, roundoff_bound(wanted, UNITS_OF_ROUNDOFF),
+                                       origin=tuple(w.start for w in window), oracle="unsharded")
+        if difference:
+            result["problems"].append(f"rank {result['rank']}, {what}: {difference}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from paritykit.checks import known_configurations, known_issues
-from paritykit.gate.repro import script_text
+from paritykit.gate.repro import prelude_block, prelude_text, refresh_preludes, script_text
 from paritykit.gate.repro_command import known_issue_title
 from paritykit.harness.versions import installed_versions
 
@@ -85,6 +85,68 @@ def test_a_hand_written_script_names_its_issue_imports_torch_and_torchrec_only_a
     assert imported_modules(text) <= ALLOWED_IMPORTS
     assert cli.main(["repro", issue_id]) == 0
     assert capsys.readouterr().out == text
+
+
+
+
+@pytest.mark.parametrize("issue_id", HANDWRITTEN)
+def test_a_hand_written_script_carries_the_prelude_byte_for_byte(issue_id):
+    text = (REPROS / f"{issue_id}.py").read_text()
+    start, end = prelude_block(text, issue_id)
+    assert text[start:end] == prelude_text(), (
+        f"repros/{issue_id}.py's prelude differs from paritykit/gate/repro_prelude.py's: `paritykit repro --refresh-prelude`")
+    docstring_end = text.index(chr(34) * 3, 3) + 3
+    assert text[docstring_end:start].strip() == "", "the prelude comes right after the docstring"
+
+
+def test_the_prelude_imports_torch_and_the_allowed_stdlib_only_and_a_refresh_rewrites_a_drifted_copy(tmp_path):
+    assert imported_modules(prelude_text()) <= ALLOWED_IMPORTS
+    script = chr(34) * 3 + "Known torchrec issue x." + chr(34) * 3 + "\n\n" + prelude_text() + "\n\nprint('body')\n"
+    (tmp_path / "fresh.py").write_text(script)
+    (tmp_path / "drifted.py").write_text(script.replace("EXIT_OK, EXIT_REPRODUCED", "EXIT_OK,  EXIT_REPRODUCED"))
+    (tmp_path / "plain.py").write_text("print('no prelude')\n")
+    assert [p.name for p in refresh_preludes(tmp_path)] == ["drifted.py"]
+    assert (tmp_path / "drifted.py").read_text() == script
+    assert (tmp_path / "plain.py").read_text() == "print('no prelude')\n"
+
+
+PLUMBING_BODY = """
+def run_rank(rank, scratch, how):
+    start_process_group(rank, 2, scratch, timeout_s=120)  # longer than the deadline: the parent must end a hang
+    if rank == 1 and how == "crash":
+        os._exit(3)  # dies without a result
+    if rank == 1 and how == "hang":
+        import time
+        time.sleep(600)  # outlives the deadline
+    finish_rank(scratch, {"rank": rank, "problems": []}, failed=False)
+
+
+def main():
+    how = sys.argv[1]
+    if how == "raise":
+        raise ValueError("a bug of the script itself")
+    results = run_ranks(run_rank, (how,), 2, deadline_s=90 if how == "hang" else 300)  # two torch imports fit
+    errors = [r for r in results if r.get("error")]
+    if errors:
+        return cannot_run("; ".join(f"rank {r['rank']}: {r['error']}" for r in errors))
+    return ok("both ranks finished")
+
+
+if __name__ == "__main__":
+    run_script(main)
+"""
+
+
+@pytest.mark.slow  # three runs that spawn ranks: the release profile's
+@pytest.mark.parametrize("how", ["crash", "hang", "raise", "clean"])
+def test_the_prelude_reports_a_crashed_or_hung_rank_or_a_failing_script_as_cannot_run(tmp_path, how):
+    path = tmp_path / "plumbing.py"
+    path.write_text(chr(34) * 3 + "The prelude's plumbing." + chr(34) * 3 + "\n\n" + prelude_text() + PLUMBING_BODY)
+    result = run_script(path, args=(how,))
+    expected = (0, "OK") if how == "clean" else (2, "CANNOT RUN")
+    assert (result.returncode, result.stdout.split(":")[0]) == expected, result.stdout + result.stderr[-3000:]
+    assert {"crash": "rank 1: it wrote no result", "hang": "rank 1: it did not finish within 90 s",
+            "raise": "ValueError: a bug of the script itself", "clean": "both ranks finished"}[how] in result.stdout
 
 
 @pytest.mark.slow  # one more run of every hand-written script: the release profile's

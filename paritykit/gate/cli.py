@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the gate's report.json (or its directory) the finding or case is in")
     repro.add_argument("-o", "--output", type=Path, default=None, metavar="FILE", help="write the script here (default: print it)")
     repro.add_argument("--list", action="store_true", help="list the known issues that have a reproduction")
+    repro.add_argument("--refresh-prelude", action="store_true",
+                       help="rewrite the shared prelude block of every hand-written script in repros/ from its one source")
     repro.set_defaults(handler=run_repro)
 
     plant = sub.add_parser("plant", help="run a command with planted bugs applied in it and in every Python process it starts")

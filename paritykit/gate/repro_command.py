@@ -3,6 +3,7 @@ the known issues their configurations match).
 
     paritykit repro ebc-row-wise-mean-beside-other-placements -o repro.py   # a known issue's script
     paritykit repro F1 --from out/ -o f1.py        # a finding (or a case's short id) of a gate report
+    paritykit repro --refresh-prelude              # the hand-written scripts' shared prelude, rewritten from its source
     paritykit plant NAME -- python f1.py           # run a command with a planted bug in every process
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from paritykit.errors import HarnessError
 from paritykit.gate.findings import Finding
 from paritykit.gate.outputs import require_writable_file
-from paritykit.gate.repro import handwritten_script, script_text, write_script
+from paritykit.gate.repro import REPOSITORY_REPROS, handwritten_script, refresh_preludes, script_text, write_script
 
 PLANT_SITE = Path(__file__).with_name("plant_site")
 PLANTS_ENV = "PARITYKIT_PLANTS"
@@ -92,6 +93,11 @@ def run_repro(args: argparse.Namespace) -> int:
 
     known = known_configurations.registered()
     templated = {i: k for i, k in known.items() if k.reproduction is not None}
+    if getattr(args, "refresh_prelude", False):
+        changed = refresh_preludes()
+        print(f"rewrote the prelude of {len(changed)} script(s) in {REPOSITORY_REPROS}" +
+              "".join(f"\n  {path.name}" for path in changed), file=sys.stderr)
+        return 0
     if args.list:
         for issue in sorted((i for i in known_issues.load(known_issues.active_file()) if i.id), key=lambda i: i.id):
             print(f"{issue.id:<48} {issue.check:<12} {'generated' if issue.id in templated else 'hand-written'}")
