@@ -162,3 +162,15 @@ def test_an_earlier_reports_survivors_run_again_only_on_the_torchrec_they_were_m
         _same_torchrec(root, [(first, change.before + " # elsewhere", change.after)])
     with pytest.raises(HarnessError, match="not a `paritykit mutate` report"):
         earlier_survivors(tmp_path / "missing")
+
+
+def test_an_equivalent_limited_to_a_function_leaves_the_same_text_elsewhere_alone():
+    from paritykit.gate.mutants import enclosing_definition
+
+    source = "class A:\n    def f(self,\n          strict=True):\n        pass\n\n    def g(self,\n          strict=True):\n        pass\n"
+    assert [enclosing_definition(source, line) for line in (3, 7)] == ["A.f", "A.g"]
+    entry = Equivalent("x.py", "core/ReplaceTrueWithFalse", "strict=True):", "strict=False):", "g's callers pass it",
+                       function="A.g")
+    change = MutantChange(source, "strict=True):", "strict=False):")
+    assert equivalent_reason(Mutant("x.py", 7, "core/ReplaceTrueWithFalse", 1), change, [entry]) == "g's callers pass it"
+    assert equivalent_reason(Mutant("x.py", 3, "core/ReplaceTrueWithFalse", 0), change, [entry]) is None

@@ -10,6 +10,7 @@ text, so that they stay matched when torchrec's line numbers move.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import random
 import tomllib
@@ -122,14 +123,36 @@ class Equivalent:
     # The gate devices on which the change cannot show (a `device=` that only differs from the default
     # on a GPU is equivalent on "cpu" alone); empty: on every device.
     devices: tuple[str, ...] = ()
+    # The qualified name of the function or class the line is in (Class.method), when the same text
+    # stands elsewhere in the file where the change is not equivalent; empty: anywhere in the file.
+    function: str = ""
 
     def matches(self, mutant: Mutant, change: MutantChange, device: str | None = None) -> bool:
         if self.devices and device not in self.devices:
             return False
-        return (self.file, self.operator, self.before, self.after) == (mutant.file, mutant.operator, change.before, change.after)
+        if (self.file, self.operator, self.before, self.after) != (mutant.file, mutant.operator, change.before, change.after):
+            return False
+        return not self.function or enclosing_definition(change.source, mutant.line) == self.function
 
     def describe(self) -> str:
         return f"on {'/'.join(self.devices)} only: {self.reason}" if self.devices else self.reason
+
+
+def enclosing_definition(source: str, line: int) -> str:
+    """The qualified name of the innermost function or class whose lines (signature included) hold ``line``."""
+    found = ""
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        nonlocal found
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.lineno <= line <= child.end_lineno:
+                found = f"{prefix}{child.name}"
+                visit(child, f"{found}.<locals>." if not isinstance(child, ast.ClassDef) else f"{found}.")
+                return
+            visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
 
 
 def load_equivalents(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
@@ -151,7 +174,7 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> list[Equivalent]:
         if not isinstance(devices, list) or not all(d in ("cpu", "cuda") for d in devices):
             raise HarnessError(f"{path}: entry {index}: devices must be a list of 'cpu'/'cuda', not {devices!r}")
         found.append(Equivalent(**{key: entry[key] for key in ("file", "operator", "before", "after", "reason")},
-                                devices=tuple(devices)))
+                                devices=tuple(devices), function=entry.get("function", "")))
     return found
 
 
