@@ -104,7 +104,7 @@ def test_plants_restore_torchrec_classes():
     input_dist = ShardedEmbeddingBagCollection.__dict__["input_dist"]
     ddp_wrap = model_parallel.DefaultDataParallelWrapper.__dict__["_ddp_wrap"]
     names = [name for name, plant in plants.PLANTS.items() if plant.check == "pipeline"]
-    assert len(names) == 17
+    assert {"skipped-zero-grad", "semi-sync-starts-one-batch-early", "attach-drops-in-flight-batches"} <= set(names)
     with plants.applied(names):
         assert tp.TrainPipelineFusedSparseDist.__dict__["progress"] is not before[tp.TrainPipelineFusedSparseDist]
         assert tp.TrainPipelineSemiSync.__dict__["progress"] is not before[tp.TrainPipelineSemiSync]
