@@ -14,7 +14,7 @@ pure-Python reference of when a KJT means a batch (non-negative lengths summing 
 from 0 never decreasing to the ids, rows dividing among the keys as the stride says, one rank's
 samples per key summing to the rows). Verdicts are yes/no: nothing to round, no tolerance.
 
-    python this_script.py            keys a, b, c; samples [[3], [5], [2]] for 11 lengths; and [[8], [2]] (two keys' samples as one)
+    python this_script.py            keys a, b, c; samples [[3], [5], [2]] for 11 lengths; and [[8], [3]] (two keys' samples as one)
     python this_script.py --control  the same keys with samples [[3], [6], [2]] for the 11 lengths (valid), and a fixed batch of 11 lengths (caught)
 
     exit 0: torchrec's verdicts match the reference (prints OK)
