@@ -9,7 +9,7 @@ than copied down onto it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -34,6 +34,15 @@ def replaced(owner: Any, name: str, make_replacement: Callable[[Any], Any]) -> I
                 delattr(owner, name)
             except AttributeError:
                 pass
+
+
+@contextlib.contextmanager
+def replaced_all(patches: Iterable[tuple[Any, str, Callable[[Any], Any]]]) -> Iterator[None]:
+    """``replaced`` for each (owner, name, make_replacement) for the block, all put back after it."""
+    with contextlib.ExitStack() as stack:
+        for owner, name, make in patches:
+            stack.enter_context(replaced(owner, name, make))
+        yield
 
 
 def patched(owner: Any, name: str, value: Any) -> contextlib.AbstractContextManager[Any]:

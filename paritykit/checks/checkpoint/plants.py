@@ -9,10 +9,10 @@ model are unaffected: only a comparison across the reload can see them.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
-from paritykit.harness.patching import replaced
+from paritykit.harness.patching import replaced, replaced_all
+from paritykit.harness.planted_loads import cw_shards_loaded_in_reverse
 from paritykit.harness.plants import register
 
 CHECK = "checkpoint"
@@ -49,24 +49,7 @@ def _same_shapes(value: Any, new: Any, sharded: type) -> bool:
 def sharded_load_ignores_shard_offsets() -> ContextManager[None]:
     """The sharded EBC/EC load hook merges a rank's column-wise shards of one table in the reverse of
     their order (not by offset): a rank holding two CW shards of a table loads each into the other's columns."""
-    from torchrec.distributed.embedding import ShardedEmbeddingCollection
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
-    return _each(((cls, "_pre_load_state_dict_hook", _reversed_local_shards) for cls in
-                  (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection)))
-
-
-def _reversed_local_shards(original: Any) -> Any:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    def hook(self: Any, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        for value in state_dict.values():
-            if isinstance(value, ShardedTensor) and len(value.local_shards()) > 1:
-                shards = list(reversed(value.local_shards()))
-                value.local_shards = lambda shards=shards: shards
-        original(self, state_dict, prefix, *args)
-
-    return staticmethod(hook)
+    return cw_shards_loaded_in_reverse()
 
 
 @register("post-load-state-dict-not-called", check=CHECK)
@@ -85,12 +68,4 @@ def post_load_state_dict_not_called() -> ContextManager[None]:
 
         return load_state_dict
 
-    return _each(((cls, "load_state_dict", planted) for cls in (KeyedOptimizer, OptimizerWrapper)))
-
-
-@contextlib.contextmanager
-def _each(patches: Any) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for owner, name, make in patches:
-            stack.enter_context(replaced(owner, name, make))
-        yield
+    return replaced_all((cls, "load_state_dict", planted) for cls in (KeyedOptimizer, OptimizerWrapper))

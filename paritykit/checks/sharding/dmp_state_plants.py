@@ -9,10 +9,10 @@ torchrec's own state and to be caught. None touches the unsharded module. The sp
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, ContextManager, Iterator
+from typing import Any, ContextManager
 
 from paritykit.harness.patching import replaced
+from paritykit.harness.planted_loads import cw_shards_loaded_in_reverse
 from paritykit.harness.plants import register
 
 CHECK = "sharding"
@@ -63,23 +63,7 @@ def dmp_named_buffers_recurse_into_sharded() -> ContextManager[None]:
 def sharded_state_load_reverses_cw_shards() -> ContextManager[None]:
     """The sharded EBC/EC load hook merges a rank's column-wise shards of one table in reverse order: a
     rank holding two shards of a table (column-wise [0, 1, 0]) loads each into the other's columns."""
-    from torchrec.distributed.embedding import ShardedEmbeddingCollection
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
-    return _each([(cls, "_pre_load_state_dict_hook", _reversed) for cls in (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection)])
-
-
-def _reversed(original: Any) -> Any:
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    def hook(self: Any, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        for value in state_dict.values():
-            if isinstance(value, ShardedTensor) and len(value.local_shards()) > 1:
-                shards = list(reversed(value.local_shards()))
-                value.local_shards = lambda shards=shards: shards
-        original(self, state_dict, prefix, *args)
-
-    return staticmethod(hook)
+    return cw_shards_loaded_in_reverse()
 
 
 @register("ec-dtensor-state-dict-drops-tables", check=CHECK)
@@ -97,11 +81,3 @@ def ec_dtensor_state_dict_drops_tables() -> ContextManager[None]:
         return initialize
 
     return replaced(ShardedEmbeddingCollection, "_initialize_torch_state", planted)
-
-
-@contextlib.contextmanager
-def _each(targets: list) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for owner, name, planted in targets:
-            stack.enter_context(replaced(owner, name, planted))
-        yield
