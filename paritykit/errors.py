@@ -155,20 +155,39 @@ def raised_by_harness(exc: BaseException) -> bool:
     """True when ``exc`` was raised in paritykit's own code rather than in the code under test.
 
     The innermost frame that is not platform code (stdlib, torch, hypothesis, tensordict, ...)
-    decides. One refinement: paritykit code that a planted bug calls (a plant wrapping paritykit's
-    own conversion) belongs to the plant. Typed exceptions keep their meaning: HarnessError is the
+    decides. Two refinements: paritykit code that a planted bug calls (a plant wrapping paritykit's
+    own conversion) belongs to the plant; paritykit code that the code under test had torch.fx trace
+    (a built-in model's forward under torchrec's pipeline tracer) belongs to the code under test. Typed exceptions keep their meaning: HarnessError is the
     harness's, ParityError/RankFailure/UnsupportedByTorchrec/NothingCompared are not.
     """
     if isinstance(exc, HarnessError):
         return True
     if isinstance(exc, (ParityError, RankFailure, UnsupportedByTorchrec, NothingCompared)):
         return False
-    names = [name for name in _frame_modules(exc.__traceback__) if frame_owner(name) != "platform"]
+    modules = _frame_modules(exc.__traceback__)
+    names = [name for name in modules if frame_owner(name) != "platform"]
     if not names or frame_owner(names[-1]) == "under-test":
         return False
     # The innermost frames are paritykit's: a planted bug right outside them claims them.
     entered_from = next((name for name in reversed(names) if frame_owner(name) != "harness"), "")
-    return not _is_plant(entered_from)
+    return not _is_plant(entered_from) and not _traced_by_code_under_test(modules)
+
+
+def _traced_by_code_under_test(modules: list[str]) -> bool:
+    """Whether the innermost paritykit frames were being symbolically traced (torch.fx) on behalf of
+    the code under test: a model's forward that torchrec's pipeline traced, where torchrec chose what
+    to trace into (it must keep modules fx cannot trace as leaves)."""
+    caller, first_harness = None, None
+    for index in range(len(modules) - 1, -1, -1):  # innermost first
+        owner = frame_owner(modules[index])
+        if owner == "harness":
+            first_harness = index
+        elif owner == "under-test":
+            caller = index
+            break
+    if caller is None or first_harness is None:
+        return False
+    return any(name.startswith("torch.fx") for name in modules[caller + 1:first_harness])
 
 
 def _frame_modules(tb: TracebackType | None) -> list[str]:

@@ -9,11 +9,12 @@ import functools
 import pytest
 import torch
 
-from paritykit.checks.checkpoint.cases import CheckpointCase, case_setup
+from paritykit.checks.checkpoint.assertion import assert_checkpoint_roundtrip
+from paritykit.checks.checkpoint.cases import CheckpointCase, case_setup, roundtrip_arguments
 from paritykit.checks.checkpoint.draws import checkpoint_cases
 from paritykit.checks.checkpoint.known_broken import RULES, broken_rules, holders, kept_out_rules
 from paritykit.checks.checkpoint.matrix import ScaledExamples, placements_by_module, scaled
-from paritykit.checks.checkpoint.pinned import known_broken_cases, steps
+from paritykit.checks.checkpoint.pinned import cross_host_cases, known_broken_cases, steps
 from paritykit.checks.runner import GateConfig, run_property
 from paritykit.compare import find_differences
 from paritykit.engine.checkpoint import CheckpointRecipe
@@ -21,6 +22,7 @@ from paritykit.engine.checkpoint_reference import column_blocks, expected_after_
 from paritykit.engine.checkpoint_setup import build_checkpoint_setup
 from paritykit.engine.reference import train_reference
 from paritykit.errors import HarnessError
+from paritykit.harness.hosts import host_layout
 from paritykit.harness.tables import TableSpec, build_ebc
 
 TABLES = (TableSpec("t0", 8, 8, ("f0",)), TableSpec("t1", 8, 8, ("f1",)))
@@ -130,6 +132,12 @@ def test_the_ranks_holding_a_table(entry, expected):
     assert holders(entry, 3) == expected
 
 
+@pytest.mark.parametrize("entry, expected", [(("table_row_wise", 1), {2, 3}), (("grid_shard", (1,)), {2, 3}),
+                                             (("grid_shard", (1, 0)), {0, 1, 2, 3}), (("table_column_wise", (3, 2)), {2, 3})])
+def test_the_ranks_holding_a_table_placed_by_host_on_two_hosts(entry, expected):
+    assert holders(entry, 4, ranks_per_host=2) == expected
+
+
 def test_the_draws_avoid_every_kept_out_rule_and_agree_with_torchrecs_column_blocks():
     seen: list[CheckpointCase] = []
     run_property("checkpoint", checkpoint_cases((1, 2, 3), placements_by_module("cpu")), lambda case: seen.append(case) or {},
@@ -144,6 +152,38 @@ def test_the_draws_avoid_every_kept_out_rule_and_agree_with_torchrecs_column_blo
         for which, side in (("plan", setup.before), ("reload_plan", setup.after)):
             counts = case.block_counts(which)
             assert {fqn.split(".")[-2]: len(b) for fqn, b in column_blocks(side).items()} == counts
+
+
+def test_the_draws_on_two_hosts_place_by_host_and_cut_grids_as_torchrec_does():
+    hosts = host_layout(4, 2)
+    seen: list[CheckpointCase] = []
+    run_property("checkpoint", checkpoint_cases((4,), placements_by_module("cpu"), hosts=hosts), lambda case: seen.append(case) or {},
+                 GateConfig(examples=80, seed=0, shrink=False), case_id=lambda case: case.case_id())
+    assert seen and all(c.ranks_per_host == 2 and c.world_size == c.reload_world_size == 4 and c.module == "ebc" for c in seen)
+    assert all(broken_rules(case, kept_out_rules()) == [] for case in seen)
+    grids = [e[1] for c in seen for plan in (c.plan, c.reload_plan) for e in plan.values() if e[0] == "grid_shard"]
+    assert any(len(blocks) == 2 for blocks in grids) and {1} <= {h for blocks in grids for h in blocks}
+    assert any(e == ("table_row_wise", 1) for c in seen for e in c.plan.values())
+    twcw = [e[1] for c in seen for e in c.plan.values() if e[0] == "table_column_wise"]
+    assert twcw and all(len({r // 2 for r in ranks}) == 1 for ranks in twcw)  # one host's ranks
+    for case in seen[:30]:
+        setup = case_setup(case)
+        assert setup.ranks_per_host == 2
+        for which, side in (("plan", setup.before), ("reload_plan", setup.after)):
+            assert {fqn.split(".")[-2]: len(b) for fqn, b in column_blocks(side).items()} == case.block_counts(which)
+
+
+def test_a_round_trip_resolved_for_two_hosts_refuses_a_one_host_pool_before_any_rank_runs():
+    class StandInPool:  # what the check reads of a pool; no rank is started
+        world_size, ranks_per_host, device = 4, 4, "cpu"
+
+        def call(self, *args, **kwargs):
+            raise AssertionError("no rank may run")
+
+    case = cross_host_cases(host_layout(4, 2))[0]
+    (model, plan, batches), kwargs = roundtrip_arguments(case)
+    with pytest.raises(HarnessError, match="2 hosts x 2 ranks.*one host of 4 ranks"):
+        assert_checkpoint_roundtrip(model, plan, batches, **kwargs, pool_for=lambda world_size: StandInPool())
 
 
 def test_the_drawn_round_trips_replay_with_the_examples_asked_for():

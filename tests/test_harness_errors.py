@@ -56,6 +56,32 @@ def test_paritykit_code_called_by_a_planted_bug_belongs_to_the_plant_which_stand
     assert status(exc) == "fail"
 
 
+def test_paritykit_model_code_that_torchrec_had_torch_fx_trace_belongs_to_torchrec():
+    # torchrec decides what its tracer traces into; a built-in model's forward that fx cannot trace
+    # (a branch on a shape) fails only because torchrec traced into it.
+    from torchrec.fx import symbolic_trace
+
+    from paritykit.engine.nested_models import GuardedDense
+
+    exc = raised(symbolic_trace, GuardedDense(2, 3))
+    assert type(exc).__name__ == "TraceError" and not raised_by_harness(exc)
+    assert status(exc) == "fail"
+
+
+def test_paritykit_code_that_paritykit_itself_had_torch_fx_trace_stays_a_harness_error():
+    from paritykit.engine.nested_models import GuardedDense
+
+    exc = raised(_trace_in_paritykit, GuardedDense(2, 3))
+    assert type(exc).__name__ == "TraceError" and raised_by_harness(exc)
+
+
+def _trace_in_paritykit(module):
+    # A frame whose module is paritykit's calling torch.fx: the harness tracing a model itself.
+    namespace = {"__name__": "paritykit.harness.tracing_here", "torch": torch}
+    exec(compile("def trace(module):\n    return torch.fx.symbolic_trace(module)\n", "<paritykit>", "exec"), namespace)
+    return namespace["trace"](module)
+
+
 def test_typed_exceptions_keep_their_meaning_whoever_raised_them():
     assert status(HarnessError("no gpu")) == "error"
     assert status(RankFailure("rank 1 was killed by SIGKILL")) == "fail"

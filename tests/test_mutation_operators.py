@@ -1,4 +1,4 @@
-"""The mutation operators of `paritykit mutate`: which Cosmic Ray operators are kept, and the exact
+"""The mutation operators of `paritykit mutate`: which Cosmic Ray operators are kept, the exact
 code each of paritykit's own operators produces."""
 
 from __future__ import annotations
@@ -174,3 +174,27 @@ def test_an_equivalent_limited_to_a_function_leaves_the_same_text_elsewhere_alon
     change = MutantChange(source, "strict=True):", "strict=False):")
     assert equivalent_reason(Mutant("x.py", 7, "core/ReplaceTrueWithFalse", 1), change, [entry]) == "g's callers pass it"
     assert equivalent_reason(Mutant("x.py", 3, "core/ReplaceTrueWithFalse", 0), change, [entry]) is None
+
+
+# ---------------------------------------------------------------- which cases replay a mutant
+
+
+def _case(check: str, name: str, seconds: float):
+    from paritykit.gate.coverage_run import CoveredCase
+
+    return CoveredCase(label=f"{check}|{name}", check=check, case_id=name, short_id=name, status="pass",
+                       duration_s=seconds, oracle="unsharded")
+
+
+def test_the_broadest_case_of_each_check_replays_first_then_the_fastest_of_each():
+    from paritykit.gate.mutant_run import case_breadth, choose_cases
+
+    small, broad, other = _case("sharding", "small", 1.0), _case("sharding", "broad", 9.0), _case("sharding", "other", 2.0)
+    pipe = _case("pipeline", "p", 5.0)
+    covered = {"a.py": {1: [small, broad, other, pipe], 2: [broad], 3: [broad, pipe]}, "b.py": {7: [broad]}}
+    breadth = case_breadth(covered)
+    assert breadth == {"sharding|small": 1, "sharding|broad": 4, "sharding|other": 1, "pipeline|p": 2}
+    assert choose_cases([small, broad, other, pipe], 3, breadth) == [broad, pipe, small]
+    assert choose_cases([small, broad, other, pipe], 10, breadth) == [broad, pipe, small, other]
+    # Without the breadth of the cases: the fastest of each check, then the fastest.
+    assert choose_cases([small, broad, other, pipe], 3) == [small, pipe, other]

@@ -47,7 +47,7 @@ def test_the_catalog_finds_classes_and_options_by_feature():
 
 def test_the_variants_case_runs_every_training_variant_this_torchrec_has():
     names = variant_pipelines()
-    assert "sparse_dist:postproc" not in names  # it runs on the nested model
+    assert not {"sparse_dist:postproc", "fused:no_postproc"} & set(names)  # they run on the nested model
     assert not set(names) & set(available(EVAL))
     assert {"sparse_dist:stop_with_data", "semi_sync:stash_gradients", "pt2:eager"} <= set(names)
 
@@ -67,9 +67,10 @@ def test_the_flaky_dataloader_and_what_each_failure_leaves_evaluated():
         EvalDrive("lite")
 
 
-def test_the_lifecycle_trains_the_side_batch_between_the_detached_steps():
-    assert lifecycle_order(6, 3, 2) == [0, 1, 3, 2, 4, 5]
-    assert lifecycle_order(5, 3, 3) == [0, 1, 2, 3, 4]
+def test_the_lifecycle_trains_the_side_batch_between_the_detached_steps_and_bs_first_half_after_the_last_reset():
+    assert lifecycle_order(6, 3, 2) == [0, 1, 3, 2, 4, 5, 4]
+    assert lifecycle_order(5, 3, 3) == [0, 1, 2, 3, 4, 4]
+    assert lifecycle_order(8, 3, 2) == [0, 1, 3, 2, 4, 5, 6, 7, 4, 5]
     with pytest.raises(ValueError, match="detach_after"):
         lifecycle_order(3, 3, 2)
 

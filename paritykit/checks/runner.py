@@ -50,7 +50,7 @@ class GateConfig:
     world_sizes: the world sizes to cover; each check picks the ones that make sense for it. Each is one
         host of that many ranks (under torchrun: the launch's hosts).
     hosts: pools that stand for several hosts (HostLayout: hosts x ranks per host), run beside
-        ``world_sizes`` by the checks whose placements depend on hosts (sharding).
+        ``world_sizes`` by the checks whose placements depend on hosts (sharding, checkpoint).
     examples: hypothesis examples per property.
     case: run only this case (its full id or its short id), or these cases (a tuple of ids); the
           others are generated, not run.

@@ -43,6 +43,9 @@ from paritykit.engine.checkpoint_setup import CheckpointSetup
 from paritykit.engine.comparison import Tolerance, final_problems
 from paritykit.engine.reference import train_reference
 from paritykit.engine.training import TrainingRecord
+from paritykit.errors import HarnessError
+from paritykit.harness.hosts import host_layout
+from paritykit.harness.plans import local_world_size
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.sharded import gradient_division
 
@@ -85,12 +88,24 @@ def run_phases(setup: CheckpointSetup, pool_for: Callable[[int], Any], header: s
     os.makedirs(directory, exist_ok=True)
     try:
         saving = PhaseRun(setup.before, directory, setup.recipe, save_after=setup.save_after)
-        first = pool_for(setup.before.world_size).call(run_phase, (saving,), case=f"{header}: the run that saves")
+        first = _pool_of_hosts(pool_for, setup.before.world_size, setup.ranks_per_host).call(run_phase, (saving,), case=f"{header}: the run that saves")
         resuming = PhaseRun(setup.after, directory, setup.recipe, restore=True)
-        resumed = pool_for(setup.after.world_size).call(run_phase, (resuming,), case=f"{header}: the resumed run")
+        resumed = _pool_of_hosts(pool_for, setup.after.world_size, setup.ranks_per_host).call(run_phase, (resuming,), case=f"{header}: the resumed run")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return assemble_phase(first), assemble_phase(resumed)
+
+
+def _pool_of_hosts(pool_for: Callable[[int], Any], world_size: int, ranks_per_host: int | None) -> Any:
+    """The pool of ``world_size`` ranks, checked to stand for the hosts the plans were resolved for
+    (grid and table-row-wise shards follow the pool's LOCAL_WORLD_SIZE, not the plan's)."""
+    pool = pool_for(world_size)
+    wanted = host_layout(world_size, local_world_size(world_size, ranks_per_host))  # None: as resolve_plan reads it
+    have = getattr(pool, "ranks_per_host", None) or world_size
+    if have != wanted.ranks_per_host:
+        raise HarnessError(f"the plans were resolved for {wanted.describe()}, but the pool of {world_size} ranks stands for "
+                           f"{host_layout(world_size, have).describe()}: give ranks_per_host={have} or a pool of that shape")
+    return pool
 
 
 def run_roundtrip(setup: CheckpointSetup, pool_for: Callable[[int], Any], tolerance: Tolerance, header: str) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class CheckpointSetup:
     recipe: CheckpointRecipe
     # The resumed run trains the first run's own batches after the save: the two compare step by step.
     carried_on: bool
+    # The hosts both runs' ranks stand for (None: one host), as their plans were resolved for.
+    ranks_per_host: int | None = None
 
     @property
     def same_plan(self) -> bool:
@@ -65,8 +67,10 @@ def build_checkpoint_setup(
     lr: float = DEFAULT_LR,
     seed: int = 0,
     device: str = "cpu",
+    ranks_per_host: int | None = None,
 ) -> CheckpointSetup:
-    """Both runs resolved (plans against the model, batches checked), or a HarnessError naming the fault."""
+    """Both runs resolved (plans against the model, batches checked), or a HarnessError naming the fault.
+    ``ranks_per_host``: the hosts both runs' ranks stand for (None: one host); the plans are resolved for them."""
     steps = [list(step) for step in batches]
     if isinstance(save_after, bool) or not isinstance(save_after, int) or not 1 <= save_after <= len(steps):
         raise HarnessError(f"save_after must be a step count in [1, {len(steps)}] (len(batches)), got {save_after!r}")
@@ -76,7 +80,7 @@ def build_checkpoint_setup(
         raise HarnessError(f"nothing to train after the reload: batches has {len(steps)} step(s) and save_after is "
                            f"{save_after}; give more batches or reload_batches")
     common = dict(loss_fn=loss_fn, embedding_optimizer=embedding_optimizer, dense_optimizer=dense_optimizer, lr=lr,
-                  seed=seed, device=device)
+                  seed=seed, device=device, ranks_per_host=ranks_per_host)
     before = build_setup(model_fn, plan, steps, **common)
     after = build_setup(model_fn, plan if reload_plan is None else reload_plan, continuation, **common)
     after = dataclasses.replace(after, full_state=fresh_state(after.full_state))
@@ -85,7 +89,7 @@ def build_checkpoint_setup(
         raise HarnessError(f"a per-rank checkpoint (torch.save on every rank) reloads on the same world size only: "
                            f"saved on {before.world_size} ranks, reload_batches are for {after.world_size}")
     check_same_kinds(before, after)
-    return CheckpointSetup(before, after, save_after, recipe, carried_on)
+    return CheckpointSetup(before, after, save_after, recipe, carried_on, ranks_per_host)
 
 
 def fresh_state(full_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

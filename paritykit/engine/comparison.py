@@ -18,6 +18,7 @@ import torch
 from paritykit.engine.training import TrainingRecord, TrainingSetup
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.divergence import Placements, common_traits, element_of, step_detail
+from paritykit.engine.losses import loss_terms_magnitude
 from paritykit.errors import Divergence, ParityError
 
 
@@ -98,6 +99,20 @@ def by_key(output: Any) -> Any:
     return output
 
 
+def losses_bound(bound: Bound, expected: TrainingRecord) -> Bound:
+    """The losses' bound, its floor raised to the size of the terms a loss sums: the default loss adds
+    weighted output elements that cancel, so its roundoff is relative to the terms, not to the loss
+    (a loss of 0.04 from terms of size 10 moves by several of their units). A user's loss is held to
+    the same floor, the outputs' size measured with the default loss's weights."""
+    if bound.exact:
+        return bound
+    terms = max((loss_terms_magnitude(output) for step in expected.outputs for output in step), default=0.0)
+    floor = (bound.max_relative or bound.rtol) * terms
+    if floor <= bound.atol:
+        return bound
+    return replace(bound, atol=floor, why=f"{bound.why}; at least that of the loss's terms, {terms:.3g} in all")
+
+
 def per_step_problems(actual: TrainingRecord, expected: TrainingRecord, tolerance: Tolerance) -> list[str]:
     if len(actual.outputs) != len(expected.outputs):
         return [f"the sharded run recorded {len(actual.outputs)} steps, the reference {len(expected.outputs)}"]
@@ -116,7 +131,7 @@ def per_step_problems(actual: TrainingRecord, expected: TrainingRecord, toleranc
                 problems.append(problem)
     if not problems:
         losses_a, losses_e = torch.stack([torch.stack(s) for s in actual.losses]), torch.stack([torch.stack(s) for s in expected.losses])
-        found = tolerance.losses.differences(losses_a, losses_e, "losses[step, rank]")
+        found = losses_bound(tolerance.losses, expected).differences(losses_a, losses_e, "losses[step, rank]")
         if found:
             problems.append(_shown(found, tolerance.losses, "the losses differ while every output agrees (the loss function is not deterministic?)"))
     return problems

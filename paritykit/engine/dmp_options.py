@@ -11,6 +11,7 @@ of torchrec's collectives that must not change the numbers the unsharded referen
     DmpOptions(dense_from_bare=True)                  # the dense optimizer over dmp.bare_named_parameters()
     DmpOptions(reshard=Reshard(before_step=2, plan=new_plan))   # DMP.reshard to another placement mid-run
     DmpOptions(ec_index_dedup=True)                   # set_ec_index_dedup (fbgemm's CPU build cannot run it)
+    DmpOptions(plan_by_dmp=True)                      # DMP given no plan: it plans itself (collective_plan)
 
 Everything here is resolved in the caller (``check``: a HarnessError before any rank runs) and pickles to
 the ranks. The rank side (``on_rank``, ``sharded``, ``before_step``, ``after_step``) is called by
@@ -69,6 +70,10 @@ class DmpOptions:
     # A plain nn.EmbeddingBag is sharded by torchrec's EmbeddingBagSharder, which is not among the
     # default sharders and takes its optimizer from these fused params (not from the parameter).
     embedding_bag_fused_params: tuple[tuple[str, Any], ...] | None = None
+    # DMP is given no plan and plans itself as the tutorial's users let it (EmbeddingShardingPlanner's
+    # collective_plan: rank 0 plans, the plan is broadcast). The run's plan is then what the planner
+    # makes in the caller for the same topology and sharders (dmp_planned), which the ranks' must equal.
+    plan_by_dmp: bool = False
 
     def check(self, steps: int, embedding_optimizer: str) -> None:
         """HarnessError naming the option at fault, before any rank runs."""
@@ -94,7 +99,8 @@ class DmpOptions:
             raise HarnessError(f"reshard.before_step must fall between two steps (1..{steps - 1}), got {self.reshard.before_step}")
 
     def describe(self) -> str:
-        parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup") if getattr(self, name)]
+        parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup", "plan_by_dmp")
+                 if getattr(self, name)]
         parts += [] if self.gradient_division is None else [f"gradient_division={self.gradient_division}"]
         parts += [] if self.init_data_parallel else ["init_data_parallel=False"]
         parts += [f"hyper_parameters={[dict(e) for e in self.hyper_parameters]}"] if self.hyper_parameters else []
@@ -148,8 +154,10 @@ class DmpOptions:
 
         model = _on_meta(build()) if self.meta_model else build()
         dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
-                                       plan=sharding_plan, sharders=self._sharders(device),
+                                       plan=None if self.plan_by_dmp else sharding_plan, sharders=self._sharders(device),
                                        init_data_parallel=self.init_data_parallel, init_parameters=True)
+        if self.plan_by_dmp:
+            _require_same_plan(dmp.plan, sharding_plan)
         if not self.init_data_parallel:
             dmp.init_data_parallel()
             dmp.init_data_parallel()  # documented as safe to call again
@@ -217,6 +225,47 @@ def _on_meta(model: nn.Module) -> nn.Module:
         for key, value in marks[name].items():
             setattr(param, key, value)
     return model
+
+
+def dmp_planned(model: nn.Module, world_size: int, ranks_per_host: int, device: str) -> Any:
+    """The plan DistributedModelParallel makes when given none, made in the caller: its planner
+    (EmbeddingShardingPlanner on a Topology of the run's world size, hosts and device) over the default
+    sharders. No rank has run; the ranks' own plan must come out the same (``_require_same_plan``)."""
+    import logging
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    planner_logger = logging.getLogger("torchrec.distributed.planner")
+    level = planner_logger.level
+    planner_logger.setLevel(logging.ERROR)  # its tables of estimates, at every plan
+    try:
+        topology = Topology(world_size=world_size, local_world_size=ranks_per_host, compute_device=device)
+        return EmbeddingShardingPlanner(topology=topology).plan(model, get_default_sharders())
+    finally:
+        planner_logger.setLevel(level)
+
+
+def _plan_entries(plan: Any) -> dict[tuple[str, str], tuple]:
+    entries = {}
+    for module, tables in plan.plan.items():
+        for table, sharding in tables.items():
+            shards = () if sharding.sharding_spec is None else tuple(
+                (tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement)) for s in sharding.sharding_spec.shards)
+            entries[(module, table)] = (sharding.sharding_type, sharding.compute_kernel, tuple(sharding.ranks or ()), shards)
+    return entries
+
+
+def _require_same_plan(actual: Any, expected: Any) -> None:
+    """ParityError naming each table whose placement in DMP's own plan is not the planner's."""
+    from paritykit.errors import ParityError
+
+    got, wanted = _plan_entries(actual), _plan_entries(expected)
+    problems = [f"{module or '<root>'}.{table}: DMP planned {got.get((module, table))}, the planner {wanted.get((module, table))}"
+                for module, table in sorted(set(got) | set(wanted)) if got.get((module, table)) != wanted.get((module, table))]
+    if problems:
+        raise ParityError("DistributedModelParallel given no plan (collective_plan) placed tables otherwise than "
+                          "EmbeddingShardingPlanner.plan for the same topology and sharders:\n  " + "\n  ".join(problems))
 
 
 def _set_fused_hyper_parameters(fused: Any, entry: Mapping[str, float], step: int) -> None:

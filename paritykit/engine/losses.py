@@ -40,13 +40,25 @@ def floating_leaves(output: Any, path: str = "output") -> Iterator[tuple[str, to
             yield from floating_leaves(item, f"{path}[{index}]")
 
 
+def _weights(path: str, leaf: torch.Tensor) -> torch.Tensor:
+    weights = torch.randn(leaf.shape, generator=generator("loss", path, tuple(leaf.shape)), dtype=torch.float32)
+    return weights.to(device=leaf.device, dtype=leaf.dtype)
+
+
 def default_loss(output: Any, batch: Any = None) -> torch.Tensor:
     """sum over every floating output element of element * fixed pseudo-random weight."""
     total = None
     for path, leaf in floating_leaves(output):
-        weights = torch.randn(leaf.shape, generator=generator("loss", path, tuple(leaf.shape)), dtype=torch.float32)
-        term = (leaf * weights.to(device=leaf.device, dtype=leaf.dtype)).sum()
+        term = (leaf * _weights(path, leaf)).sum()
         total = term if total is None else total + term
     if total is None:
         raise ValueError("the model's output has no floating tensor to train on")
     return total
+
+
+def loss_terms_magnitude(output: Any) -> float:
+    """sum of |element * weight| over the terms ``default_loss`` adds: the size its roundoff is relative
+    to (the terms cancel, so the sum can be far smaller than they are). 0.0 for an output without
+    floating tensors."""
+    return float(sum(float((leaf.detach().double() * _weights(path, leaf).double()).abs().sum())
+                     for path, leaf in floating_leaves(output)))

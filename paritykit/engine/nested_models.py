@@ -4,7 +4,8 @@ post-processing module: torchrec's input tracing (``tracing.py``) and ``Pipeline
 ``NestedBatch`` keeps its KeyedJaggedTensors in a dict and a list. ``NestedRanker`` reads them as
 ``batch.sparse["user"]`` (getattr, getitem by key), ``batch.scored[1]`` (getitem by index; entry 0
 is a decoy with the same key that only a wrong index reads) and
-``batch.sparse.get("item")`` (a ``get`` call), and the item features pass through ``IdFold``, a
+``batch.sparse.get("item")`` (a ``get`` call); its dense tower branches on a shape (``GuardedDense``,
+which torch.fx cannot trace: a leaf to torchrec's tracer); and the item features pass through ``IdFold``, a
 module without parameters called with a scalar, a list and a dict constant, before their
 EmbeddingBagCollection. A pipeline built with ``pipeline_postproc=True`` runs that module in its
 sparse-data-dist stage (``PipelinedPostproc``) and feeds its cached result to the model's forward;
@@ -64,6 +65,23 @@ class IdFold(nn.Module):
                                  lengths=features.lengths(), weights=features.weights_or_none())
 
 
+class GuardedDense(nn.Sequential):
+    """A dense tower that returns early on an empty batch, as users' towers do: a branch on a shape,
+    which torch.fx cannot trace, so torchrec's tracer must keep it a leaf module (never traced into)
+    for the pipelines to find the sparse inputs at all. The parameters keep Sequential's names."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(nn.Linear(in_features, out_features), nn.ReLU())
+        self.out_features = out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return torch.zeros(0, self.out_features, dtype=x.dtype, device=x.device)
+        for layer in self:
+            x = layer(x)
+        return x
+
+
 class NestedRanker(nn.Module):
     """user, item (through IdFold) and scored EmbeddingBagCollections, a dense MLP and an over-arch."""
 
@@ -78,7 +96,7 @@ class NestedRanker(nn.Module):
         self.fold = IdFold()
         self.keys = (user.feature_names[0], item.feature_names[0], scored.feature_names[0])
         self.rows = spec.num_embeddings
-        self.dense = nn.Sequential(nn.Linear(spec.num_float_features, spec.hidden_dim), nn.ReLU())
+        self.dense = GuardedDense(spec.num_float_features, spec.hidden_dim)
         self.over = nn.Sequential(nn.Linear(spec.hidden_dim + 3 * spec.embedding_dim, spec.hidden_dim), nn.ReLU(),
                                   nn.Linear(spec.hidden_dim, 1))
 

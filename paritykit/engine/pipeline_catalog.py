@@ -92,6 +92,7 @@ VARIANTS: dict[str, Variant] = {
     "threaded:jit": Variant("TrainPipelineSparseDistT", (("apply_jit", True),), module="experimental_pipelines"),
     "hybrid": Variant("TrainEvalHybridPipelineBase", module="experimental_pipelines"),
     "pt2:eager": Variant("TrainPipelinePT2"),
+    "fused:no_postproc": Variant("TrainPipelineFusedSparseDist", (("pipeline_postproc", False),)),  # its default is True
     "fused:data_dist:free_inputs": Variant(
         "TrainPipelineFusedSparseDist", _inplace(clear_data_dist_inputs=True, enqueue_batch_after_forward=True)),
     "semi_sync:stash_gradients": Variant("TrainPipelineSemiSync", (("stash_gradients", True),), SEMI_SYNC),

@@ -7,9 +7,11 @@ plain step on the side batch with the model it returned, and ``attach()`` it aga
 flight stay queued); once A is used up, ``detach()`` and ``attach()`` again (attaching after the end)
 and ``reset()``; then B through the same pipeline, its first half on one iterator and the rest on a
 new one without a reset (a training loop's next epoch: the pipeline must take the new data, not stay
-exhausted). Every step trains, so the plain loop it must equal is the plain loop over
-``lifecycle_order``: A[:detach_after], side, A[detach_after:], B. A pipeline without ``detach``
-(TrainPipelineBase) only resets between A (with the side batch last) and B.
+exhausted), that iterator holding two more batches behind B that the pipeline fetches ahead; a
+``reset()`` there, mid-epoch, must drop them untrained, and B's first half trains again on a fresh
+iterator. The plain loop it must equal is the plain loop over ``lifecycle_order``: A[:detach_after],
+side, A[detach_after:], B, B's first half. A pipeline without ``detach`` (TrainPipelineBase) resets
+between A's first part (with the side batch last) and the rest, and before B's first half again.
 
 ``HybridDrive`` runs TrainEvalHybridPipelineBase over phases: trains on the first, evaluates the
 second (``model.eval()``: forward only), trains on the third, each phase on its own iterator; its
@@ -29,6 +31,9 @@ from paritykit.errors import ParityError
 
 PLAIN = "plain"
 EXTRA_STEPS_ALLOWED = 3
+# Batches left in the iterator behind the real ones when the pipeline is reset mid-epoch: more than a
+# sparse-dist pipeline fetches ahead, so some are in flight at the reset.
+FETCHED_AHEAD = 2
 
 
 def lifecycle_order(count: int, first: int, detach_after: int, side_step: bool = True) -> list[int]:
@@ -36,7 +41,12 @@ def lifecycle_order(count: int, first: int, detach_after: int, side_step: bool =
     if not 0 < detach_after <= first < count:
         raise ValueError(f"need 0 < detach_after ({detach_after}) <= first ({first}) < batches ({count})")
     side = [first] if side_step else []
-    return list(range(detach_after)) + side + list(range(detach_after, first)) + list(range(first + 1, count))
+    again = list(range(first + 1, first + 1 + _first_half(count - first - 1)))
+    return list(range(detach_after)) + side + list(range(detach_after, first)) + list(range(first + 1, count)) + again
+
+
+def _first_half(count: int) -> int:
+    return (count + 1) // 2
 
 
 def progress_all(pipeline: Any, data: Any, count: int, label: str) -> list[Any]:
@@ -72,12 +82,15 @@ class LifecycleDrive:
         lifecycle_order(len(batches), self.first, self.detach_after)
         part_a, side, part_b = batches[: self.first], batches[self.first], batches[self.first + 1:]
         pipeline = make_torchrec_pipeline(self.pipeline, model, optimizer, device)
+        half = _first_half(len(part_b))
         if not hasattr(pipeline, "detach"):
             outputs = progress_all(pipeline, iter(part_a[: self.detach_after]), self.detach_after, self.pipeline)
             outputs.append(plain_step(model, optimizer, side))
             pipeline.reset()
             rest = part_a[self.detach_after:] + part_b
-            return outputs + progress_all(pipeline, iter(rest), len(rest), self.pipeline)
+            outputs += progress_all(pipeline, iter(rest), len(rest), self.pipeline)
+            pipeline.reset()
+            return outputs + progress_all(pipeline, iter(part_b[:half]), half, f"{self.pipeline} (after a reset)")
         data = iter(part_a)
         outputs = [pipeline.progress(data) for _ in range(self.detach_after)]
         detached = pipeline.detach()
@@ -87,9 +100,12 @@ class LifecycleDrive:
         outputs += progress_all(pipeline, data, len(part_a), self.pipeline)
         pipeline.attach(pipeline.detach())  # attaching once the pipeline has run dry
         pipeline.reset()
-        half = (len(part_b) + 1) // 2
         outputs += progress_all(pipeline, iter(part_b[:half]), half, self.pipeline)
-        return outputs + progress_all(pipeline, iter(part_b[half:]), len(part_b) - half, f"{self.pipeline} (next epoch)")
+        # The next epoch, without a reset; the side batch waits behind it, fetched ahead, never trained.
+        data = iter(part_b[half:] + [side] * FETCHED_AHEAD)
+        outputs += [pipeline.progress(data) for _ in range(len(part_b) - half)]
+        pipeline.reset()
+        return outputs + progress_all(pipeline, iter(part_b[:half]), half, f"{self.pipeline} (after a reset mid-epoch)")
 
 
 @dataclass(frozen=True)

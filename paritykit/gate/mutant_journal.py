@@ -20,12 +20,16 @@ from paritykit.gate.mutants import Mutant
 JOURNAL_FILE = "journal.jsonl"
 
 
+# How the replayed cases are chosen (mutant_run.choose_cases): a journal of another choice is not resumed.
+CASE_CHOICE = "broadest-then-fastest-per-check"
+
+
 def run_identity(coverage_dir: Path, seed: int, max_cases: int) -> dict[str, Any]:
     """What decides a mutant's outcome: the covering cases and how many of them run. Not the sample's
     size: a sample runs in the order drawn, so the smaller sample of a seed is the start of the
     larger one, and ``--sample N --resume`` reports the part of a longer run that finished."""
     cases = (Path(coverage_dir) / "cases.json").read_bytes()
-    return {"cases_sha256": hashlib.sha256(cases).hexdigest(), "seed": seed, "max_cases": max_cases}
+    return {"cases_sha256": hashlib.sha256(cases).hexdigest(), "seed": seed, "max_cases": max_cases, "case_choice": CASE_CHOICE}
 
 
 def outcome_from_json(data: dict[str, Any]) -> MutantOutcome:

@@ -51,16 +51,35 @@ class MutantOutcome:
                 "status": self.status, "cases": self.cases, "duration_s": round(self.duration_s, 1), "detail": self.detail}
 
 
-def choose_cases(candidates: list[CoveredCase], limit: int) -> list[CoveredCase]:
-    """Up to ``limit`` of the cases covering a line: the fastest of each check first, then the fastest."""
+def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, int] | None = None) -> list[CoveredCase]:
+    """Up to ``limit`` of the cases covering a line: the broadest of each check first (the one running
+    the most torchrec lines: the fastest cases are the smallest, which run the line in its plainest
+    form), then the fastest of each check, then the fastest. Without ``breadth``, the fastest first."""
     by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
-    chosen, checks = [], set()
+    chosen: list[CoveredCase] = []
+    if breadth:
+        broadest: dict[str, CoveredCase] = {}
+        for case in sorted(candidates, key=lambda case: (-breadth.get(case.label, 0), case.duration_s, case.label)):
+            broadest.setdefault(case.check, case)
+        chosen += list(broadest.values())
+    checks: set[str] = set()
     for case in by_speed:
         if case.check not in checks:
-            chosen.append(case)
             checks.add(case.check)
+            if case not in chosen:
+                chosen.append(case)
     chosen += [case for case in by_speed if case not in chosen]
     return chosen[:limit]
+
+
+def case_breadth(covered: dict[str, dict[int, list[CoveredCase]]]) -> dict[str, int]:
+    """How many covered torchrec lines each case ran (by label)."""
+    counts: dict[str, int] = {}
+    for lines in covered.values():
+        for running in lines.values():
+            for case in running:
+                counts[case.label] = counts.get(case.label, 0) + 1
+    return counts
 
 
 def module_name(relative: str) -> str:

@@ -56,6 +56,7 @@ def assert_checkpoint_roundtrip(
     seed: int = 0,
     tolerance: Tolerance | Bound | str | None = None,
     pool_for: Callable[[int], Any] | None = None,
+    ranks_per_host: int | None = None,
 ) -> dict[str, Any]:
     """Train ``model_fn()`` sharded by ``plan`` on ``batches``, checkpoint after ``save_after`` steps and
     carry on; reload the checkpoint into the model sharded by ``reload_plan`` (default ``plan``) and train
@@ -70,16 +71,20 @@ def assert_checkpoint_roundtrip(
     ``save_param_groups``: the optimizers save their param groups (hyper-parameters) too, torchrec's
     ``save_param_groups(True)``.
     ``pool`` runs the saving world size, ``reload_pool`` the other one (started and closed here when not
-    given); ``pool_for(world_size)`` replaces both. Optimizers, ``lr``, ``loss_fn`` and ``tolerance``
-    as in ``assert_sharded_matches_unsharded``.
+    given); ``pool_for(world_size)`` replaces both. ``ranks_per_host``: the hosts both runs' ranks stand
+    for (default: the given pools', else one host); the plans are resolved for them and a pool that
+    stands for other hosts is a HarnessError. Optimizers, ``lr``, ``loss_fn`` and ``tolerance`` as in
+    ``assert_sharded_matches_unsharded``.
     """
     device = resolve_device(getattr(pool, "device", None) or getattr(reload_pool, "device", None) or "cpu")
+    if ranks_per_host is None:
+        ranks_per_host = _given_ranks_per_host(pool, reload_pool)
     recipe = CheckpointRecipe(method=method, combined=combined_optimizer, warmup=tuple(tuple(stage) for stage in warmup),
                               param_groups=save_param_groups)
     setup = build_checkpoint_setup(model_fn, plan, batches, save_after=save_after, reload_plan=reload_plan,
                                    reload_batches=reload_batches, recipe=recipe, loss_fn=loss_fn,
                                    embedding_optimizer=embedding_optimizer, dense_optimizer=dense_optimizer, lr=lr,
-                                   seed=seed, device=device)
+                                   seed=seed, device=device, ranks_per_host=ranks_per_host)
     header = _name_of(model_fn)
     tolerance = tolerance_of(tolerance, setup.before)
     if pool_for is not None:
@@ -93,6 +98,14 @@ def _name_of(model_fn: Any) -> str:
     return getattr(function, "__qualname__", repr(model_fn))
 
 
+def _given_ranks_per_host(*pools: Any) -> int | None:
+    """The ranks per host the given pools stand for (None: one host each, or none given)."""
+    given = {p.ranks_per_host for p in pools if p is not None and getattr(p, "ranks_per_host", p.world_size) != p.world_size}
+    if len(given) > 1:
+        raise HarnessError(f"pool and reload_pool stand for hosts of {sorted(given)} ranks: a round trip runs both on one host shape")
+    return given.pop() if given else None
+
+
 def _pools(stack: contextlib.ExitStack, pool: Any, reload_pool: Any, device: str, setup: Any) -> Callable[[int], Any]:
     """world size -> the given pool of that size, or one started here (closed with ``stack``)."""
     for given, needed, what in ((pool, setup.before.world_size, "batches"), (reload_pool, setup.after.world_size, "reload batches")):
@@ -104,7 +117,7 @@ def _pools(stack: contextlib.ExitStack, pool: Any, reload_pool: Any, device: str
         if world_size not in pools:
             from paritykit.dist import RankPool
 
-            pools[world_size] = stack.enter_context(RankPool(world_size, device=device))
+            pools[world_size] = stack.enter_context(RankPool(world_size, device=device, ranks_per_host=setup.ranks_per_host))
         return pools[world_size]
 
     return pool_for

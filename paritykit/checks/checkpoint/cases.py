@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from paritykit.engine.checkpoint import CheckpointRecipe
+from paritykit.harness.hosts import HostLayout, host_layout
 from paritykit.harness.plans import describe_plan, normalize_plan_entry, parameter_sharding_generator
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, build_ec, kjt_from_rows
@@ -43,6 +44,13 @@ class CheckpointCase:
     dense_optimizer: str = "sgd"
     recipe: CheckpointRecipe = CheckpointRecipe()
     seed: int = 0
+    # Both runs' ranks stand for hosts of this many ranks (None: one host); out of repr, so that the
+    # one-host cases keep their ids.
+    ranks_per_host: int | None = field(default=None, repr=False)
+
+    @property
+    def hosts(self) -> HostLayout:
+        return host_layout(self.world_size, self.ranks_per_host)
 
     def kernel_of(self, table: str) -> str:
         return "dense" if self.plan[table][0] == "data_parallel" else self.kernels.get(table, "fused")
@@ -57,14 +65,16 @@ class CheckpointCase:
         def shape(plan: dict[str, tuple]) -> str:
             return "+".join(sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "table_column_wise") else e[0] for e in plan.values()))
 
-        return (f"{self.module}/ws{self.world_size}->{self.reload_world_size}/{self.optimizer}+{self.dense_optimizer}/"
+        sizes = f"{self.hosts}" if self.ranks_per_host is not None else f"ws{self.world_size}->{self.reload_world_size}"
+        return (f"{self.module}/{sizes}/{self.optimizer}+{self.dense_optimizer}/"
                 f"{self.recipe.describe()}/{shape(self.plan)}->{shape(self.reload_plan)}")
 
     def describe(self) -> str:
         tables = ", ".join(f"{t.name}[{t.num_embeddings}x{t.embedding_dim} {'/'.join(t.feature_names)} {self.kernel_of(t.name)}]"
                            for t in self.tables)
         reload = (f"reload_steps={len(self.reload_steps)}" if self.reload_steps is not None else "carried on")
-        return (f"{self.module} {self.recipe.describe()} optimizer={self.optimizer}/{self.dense_optimizer} "
+        hosts = f" on {self.hosts}" if self.ranks_per_host is not None else ""
+        return (f"{self.module}{hosts} {self.recipe.describe()} optimizer={self.optimizer}/{self.dense_optimizer} "
                 f"saved on ws{self.world_size} {describe_plan(self.plan)} after {self.save_after} of {len(self.steps)} steps, "
                 f"reloaded on ws{self.reload_world_size} {describe_plan(self.reload_plan)} ({reload}) tables=({tables}) seed={self.seed}")
 
@@ -104,7 +114,8 @@ def roundtrip_arguments(case: CheckpointCase) -> tuple[tuple, dict[str, Any]]:
                   reload_batches=None if case.reload_steps is None else batches_of(case.reload_steps),
                   method=case.recipe.method, combined_optimizer=case.recipe.combined, warmup=case.recipe.warmup,
                   save_param_groups=case.recipe.param_groups,
-                  embedding_optimizer=case.optimizer, dense_optimizer=case.dense_optimizer, seed=case.seed)
+                  embedding_optimizer=case.optimizer, dense_optimizer=case.dense_optimizer, seed=case.seed,
+                  ranks_per_host=case.ranks_per_host)
     return (model_fn(case), torchrec_plan(case), batches_of(case.steps)), kwargs
 
 

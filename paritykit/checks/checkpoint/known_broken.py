@@ -12,6 +12,7 @@ from typing import Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.checkpoint.cases import CheckpointCase
+from paritykit.harness.hosts import host_layout
 from paritykit.harness.plans import local_world_size
 
 # Optimizers that keep no state: torchrec's state dicts hold an empty dict where their state would be.
@@ -29,15 +30,18 @@ class BrokenCombination:
         return known_issues.rule_kept_out(self.name)
 
 
-def holders(entry: tuple, world_size: int) -> set[int]:
-    """The ranks that hold a shard of a table placed by ``entry`` on ``world_size`` ranks."""
+def holders(entry: tuple, world_size: int, ranks_per_host: int | None = None) -> set[int]:
+    """The ranks that hold a shard of a table placed by ``entry`` on ``world_size`` ranks (hosts of
+    ``ranks_per_host``; None: this launch's, else one host)."""
     kind = entry[0]
     if kind == "table_wise":
         return {entry[1]}
     if kind in ("column_wise", "table_column_wise"):
         return set(entry[1])
-    if kind in ("table_row_wise", "grid_shard"):  # the first host's ranks
-        return set(range(local_world_size(world_size)))
+    if kind in ("table_row_wise", "grid_shard"):  # every rank of the hosts named
+        hosts = host_layout(world_size, local_world_size(world_size, ranks_per_host))
+        named = (entry[1],) if kind == "table_row_wise" else entry[1]
+        return {rank for host in named for rank in hosts.ranks_of_host(host)}
     return set(range(world_size))
 
 
@@ -50,7 +54,7 @@ def _empty_state_on(case: CheckpointCase, rank: int) -> bool:
     param groups): what DCP's pre-2.4 flattening keys differently (rule 1)."""
     if case.recipe.param_groups:
         return True
-    held = [t for t in _fused_tables(case) if rank in holders(case.reload_plan[t], case.reload_world_size)]
+    held = [t for t in _fused_tables(case) if rank in holders(case.reload_plan[t], case.reload_world_size, case.ranks_per_host)]
     dense_params = any(case.kernel_of(t) == "dense" for t in case.reload_plan)
     fused_stateless, dense_stateless = case.optimizer in STATELESS, case.dense_optimizer in STATELESS
     if case.recipe.combined and dense_params:
@@ -62,7 +66,7 @@ def _rank_missing_table_with_empty_state(case: CheckpointCase) -> bool:
     if case.recipe.method != "dcp":
         return False
     size = case.reload_world_size
-    return any(any(rank not in holders(entry, size) for entry in case.reload_plan.values()) and _empty_state_on(case, rank)
+    return any(any(rank not in holders(entry, size, case.ranks_per_host) for entry in case.reload_plan.values()) and _empty_state_on(case, rank)
                for rank in range(size))
 
 
@@ -92,7 +96,7 @@ def _dense_kernel_table_missing_on_a_rank(case: CheckpointCase) -> bool:
     if case.dense_optimizer in STATELESS:
         return False
     dense = [t for t, e in case.plan.items() if e[0] != "data_parallel" and case.kernel_of(t) == "dense"]
-    return any(len(holders(plan[t], size)) < size for t in dense
+    return any(len(holders(plan[t], size, case.ranks_per_host)) < size for t in dense
                for plan, size in ((case.plan, case.world_size), (case.reload_plan, case.reload_world_size)))
 
 
@@ -125,7 +129,7 @@ def _per_rank_other_shards(case: CheckpointCase) -> bool:
 
 def _every_rank_holds_every_fused_table(case: CheckpointCase, plan: dict[str, tuple], size: int) -> bool:
     fused = [t for t, e in plan.items() if e[0] != "data_parallel" and case.kernel_of(t) == "fused"]
-    return all(len(holders(plan[t], size)) == size for t in fused)
+    return all(len(holders(plan[t], size, case.ranks_per_host)) == size for t in fused)
 
 
 def _dcp_param_groups_per_rank(case: CheckpointCase) -> bool:

@@ -12,7 +12,7 @@ from paritykit.checks.checkpoint.assertion import assert_checkpoint_roundtrip
 from paritykit.checks.checkpoint.cases import CheckpointCase, roundtrip_arguments
 from paritykit.checks.checkpoint.draws import EBC_PLACEMENTS, EC_PLACEMENTS, checkpoint_cases
 from paritykit.checks.checkpoint.known_broken import RULES
-from paritykit.checks.checkpoint.pinned import known_broken_cases, pinned_cases
+from paritykit.checks.checkpoint.pinned import cross_host_cases, known_broken_cases, pinned_cases
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
 from paritykit.dist import PoolProvider
@@ -46,7 +46,8 @@ def scaled(config: GateConfig) -> ScaledExamples:
 def run_case(case: CheckpointCase, pools: PoolProvider) -> dict[str, Any]:
     """One built-in case through the public assertion; metrics of what was compared."""
     args, kwargs = roundtrip_arguments(case)
-    return {**assert_checkpoint_roundtrip(*args, **kwargs, pool_for=pools.get), "plan_shape": case.plan_shape()}
+    pool_for = lambda world_size: pools.get(world_size, ranks_per_host=case.ranks_per_host)  # noqa: E731
+    return {**assert_checkpoint_roundtrip(*args, **kwargs, pool_for=pool_for), "plan_shape": case.plan_shape()}
 
 
 def placements_by_module(device: str) -> dict[str, tuple[str, ...]]:
@@ -60,8 +61,13 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     world_sizes = tuple(dict.fromkeys(config.world_sizes)) or (1,)
     other = {size: next((s for s in world_sizes if s != size), None) for size in world_sizes}
     pinned = tuple(case for size in world_sizes for case in pinned_cases(size, other[size] if size == max(world_sizes) else None))
-    results = run_property(NAME, checkpoint_cases(world_sizes, placements_by_module(config.device)),
-                           lambda case: run_case(case, pools), scaled(config), case_id=lambda case: case.case_id(), explicit=pinned)
+    kinds = placements_by_module(config.device)
+    results = run_property(NAME, checkpoint_cases(world_sizes, kinds), lambda case: run_case(case, pools), scaled(config),
+                           case_id=lambda case: case.case_id(), explicit=pinned)
+    # Pools that stand for several hosts: grid and table-row-wise shards by host, CW across hosts.
+    for hosts in (h for h in config.hosts if h.hosts > 1):
+        results += run_property(NAME, checkpoint_cases((hosts.world_size,), kinds, hosts=hosts), lambda case: run_case(case, pools),
+                                scaled(config), case_id=lambda case: case.case_id(), explicit=cross_host_cases(hosts))
     if not any(r.status == "pass" for r in results) and not any(r.status == "fail" for r in results):
         results.append(CaseResult(NAME, "<no examples>", "error", replay=config.replay(NAME),
                                   message=str(HarnessError("no checkpoint round trip ran: every draw was rejected or unsupported"))))

@@ -12,12 +12,19 @@ asked for, a reload onto it:
 - a warm-up schedule on the dense optimizer (its iteration and learning rate must survive);
 - fused SGD through DCP on a plan where every rank holds every table;
 - an EC saved on W ranks and reloaded on another world size (both ways).
+
+On ranks that stand for several hosts (``cross_host_cases``): a grid of one column block per host in
+reverse host order, reloaded with the blocks swapped between the hosts, beside table-row-wise on the
+last host and column-wise shards across hosts, under row-wise Adagrad (whose state torchrec lays out
+block after block for a grid: the offsets the reload must find); and under Adagrad a grid of two
+blocks on one host and table-column-wise shards on the last host, moved elsewhere.
 """
 
 from __future__ import annotations
 
 from paritykit.checks.checkpoint.cases import CheckpointCase, Steps
 from paritykit.engine.checkpoint import CheckpointRecipe
+from paritykit.harness.hosts import HostLayout
 from paritykit.harness.tables import TableSpec
 
 _ROWS = (
@@ -76,6 +83,31 @@ def pinned_cases(world_size: int, other: int | None = None) -> tuple[CheckpointC
         cases.append(_ec_elsewhere(world_size, reload_size, seed=36))
         cases.append(_ec_elsewhere(reload_size, world_size, seed=37))
     return tuple(cases)
+
+
+def cross_host_cases(hosts: HostLayout) -> tuple[CheckpointCase, ...]:
+    """Round trips on ``hosts`` (several) whose placements cross hosts; the grid tables are one
+    MIN_CW_DIM-wide block per host, as torchrec cuts them."""
+    from torchrec.distributed.planner.constants import MIN_CW_DIM
+
+    ws, rph, last_host, last = hosts.world_size, hosts.ranks_per_host, hosts.hosts - 1, hosts.world_size - 1
+    rows = _rows(ws)
+    blocks = tuple(range(hosts.hosts))
+    tables = (TableSpec("t0", rows, hosts.hosts * MIN_CW_DIM, ("f0",)),) + tuple(
+        TableSpec(f"t{i}", rows, 12, (f"f{i}",)) for i in (1, 2))
+    on_last = hosts.ranks_of_host(last_host)
+    return (
+        CheckpointCase("ebc", tables, {"t0": ("grid_shard", blocks[::-1]), "t1": ("table_row_wise", last_host),
+                                       "t2": ("column_wise", (0, last, rph))},
+                       {"t0": ("grid_shard", blocks), "t1": ("row_wise",), "t2": ("table_column_wise", (on_last[-1], on_last[0], on_last[-1]))},
+                       ws, ws, steps(ws, 4), save_after=2, optimizer="rowwise_adagrad", dense_optimizer="adam", seed=51,
+                       ranks_per_host=rph),
+        CheckpointCase("ebc", tables, {"t0": ("grid_shard", (last_host,) * hosts.hosts), "t1": ("table_column_wise", on_last[:1] + on_last),
+                                       "t2": ("table_row_wise", 0)},
+                       {"t0": ("table_row_wise", 0), "t1": ("column_wise", (last, 0, rph)), "t2": ("grid_shard", (last_host,))},
+                       ws, ws, steps(ws, 3), save_after=1, optimizer="adagrad", dense_optimizer="sgd", seed=52,
+                       ranks_per_host=rph),
+    )
 
 
 def _ec_elsewhere(saved_on: int, reload_on: int, seed: int) -> CheckpointCase:

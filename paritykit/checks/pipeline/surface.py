@@ -44,7 +44,7 @@ from paritykit.engine.pipeline_staged import StagedDrive
 NAME = "pipeline"
 SURFACE_BATCHES = 6
 SEMI_SYNC_START_BATCH = 1
-NESTED_PIPELINES = ("sparse_dist", "sparse_dist:postproc", "fused:new", "semi_sync")
+NESTED_PIPELINES = ("sparse_dist", "sparse_dist:postproc", "fused:new", "fused:no_postproc", "semi_sync")
 # Table-wise and row-wise tables (t0 TW, t1 RW, t2 TW, w0 RW): no EmbeddingBagCollection holds both
 # table-wise and column-wise tables, whose input all-to-alls share one buffer, which
 # clear_data_dist_inputs frees while the other is still in flight (docs/pipeline.md).
@@ -52,9 +52,9 @@ SURFACE_SHARDING_TYPES = ("table_wise", "row_wise")
 
 
 def variant_pipelines() -> tuple[str, ...]:
-    """The training variants this torchrec has (the post-processing one runs on the nested model)."""
+    """The training variants this torchrec has (the post-processing ones run on the nested model)."""
     names = available(EXACT) + available(SEMI_SYNC) + available(STOPS_WITH_DATA)
-    return tuple(name for name in names if name != "sparse_dist:postproc")
+    return tuple(name for name in names if not name.endswith("postproc"))
 
 
 def dlrm_surface_setup(config: GateConfig, world_size: int) -> Any:

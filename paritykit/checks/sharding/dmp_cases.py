@@ -12,7 +12,10 @@ one another way. Each option must leave the numbers where the unsharded model pu
 - a model built on the meta device (DMP's ``init_parameters``), DDP wrapped later
   (``init_data_parallel=False``), the dense optimizer over ``bare_named_parameters``;
 - ``DMP.reshard`` to another placement between two steps (tables and optimizer state move);
-- a plain ``nn.EmbeddingBag`` sharded by torchrec's ``EmbeddingBagSharder``, against torch's own module.
+- a plain ``nn.EmbeddingBag`` sharded by torchrec's ``EmbeddingBagSharder``, against torch's own module;
+- DMP given no plan, as the tutorial builds it: it plans itself (``collective_plan``: rank 0 plans, the
+  plan is broadcast), which must be the plan ``EmbeddingShardingPlanner.plan`` makes in the caller for
+  the same topology and sharders, and must train like the unsharded model.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batch
                                                    unsharded_buffers)
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records, where_for
-from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard
+from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard, dmp_planned
 from paritykit.engine.reference import train_reference
 from paritykit.engine.setup import build_setup
 from paritykit.engine.tolerances import codec_tolerance, default_tolerance
 from paritykit.engine.training import TrainingSetup, assemble_records, train_on_rank
 from paritykit.errors import HarnessError, ParityError
-from paritykit.harness.plans import describe_plan
+from paritykit.harness.plans import describe_plan, local_world_size
 from paritykit.harness.seeding import stable_seed
 from paritykit.harness.sharded import gradient_division
 from paritykit.harness.tables import TableSpec
@@ -64,7 +67,10 @@ class DmpCase:
 
     def describe(self) -> str:
         moved = f" reshard_to={describe_plan(self.reshard_to)}" if self.reshard_to else ""
-        return f"dmp {self.name} [{self.model}; {self.options.describe()}{moved}] {self.base.describe()}"
+        base = self.base.describe()
+        if self.options.plan_by_dmp:  # the base's plan only names the tables: DMP's planner places them
+            base = base.replace(describe_plan(self.base.plan), "<placed by DMP's planner>")
+        return f"dmp {self.name} [{self.model}; {self.options.describe()}{moved}] {base}"
 
     def case_id(self) -> str:
         return f"{self.describe()} #{stable_seed(repr(self), repr(self.base.step_batches())) % 16**8:08x}"
@@ -82,12 +88,17 @@ def dmp_setup(case: DmpCase, device: str = "cpu") -> TrainingSetup:
                             torchrec_plan(base), batches_of(base), embedding_optimizer=base.optimizer,
                             dense_optimizer=base.dense_optimizer, seed=base.seed, device=device)
     elif case.model == "ebc-under-dense":
-        setup = build_setup(functools.partial(build_ebc_under_dense, base.tables, base.seed), torchrec_plan(base),
-                            batches_of(base), embedding_optimizer=base.optimizer, dense_optimizer=base.dense_optimizer,
+        make = functools.partial(build_ebc_under_dense, base.tables, base.seed)
+        # DMP planning itself: the run's plan is the one its planner makes (the base's plan is not used).
+        plan = dmp_planned(make(), base.world_size, local_world_size(base.world_size), device) if case.options.plan_by_dmp \
+            else torchrec_plan(base)
+        setup = build_setup(make, plan, batches_of(base), embedding_optimizer=base.optimizer, dense_optimizer=base.dense_optimizer,
                             seed=base.seed, device=device)
     else:
         setup = bag_setup(base, device, include_last_offset=case.model == "embedding-bag")
     options = case.options
+    if options.plan_by_dmp and case.model != "ebc-under-dense":
+        raise HarnessError(f"DMP case {case.name!r}: plan_by_dmp runs on the model 'ebc-under-dense', not {case.model!r}")
     if case.reshard_to is not None:
         moved = dmp_setup(dataclasses.replace(case, base=dataclasses.replace(base, plan=case.reshard_to), reshard_to=None), device)
         options = dataclasses.replace(options, reshard=Reshard(case.reshard_before, moved.sharding_plan))
@@ -172,6 +183,9 @@ def _tables(width: int = 8, pooling: str = "SUM") -> tuple[TableSpec, ...]:
             TableSpec("t2", 8, width, ("f2",), pooling))
 
 
+_PLANNED_TABLES = (TableSpec("t0", 1000, 16, ("f0",)), TableSpec("t1", 500, 16, ("f1",)), TableSpec("t2", 2000, 16, ("f2",)))
+
+
 def _ebc(world_size: int, plan: dict[str, tuple], seed: int, optimizer: str = "sgd", **kwargs: Any) -> ShardingCase:
     kwargs.setdefault("steps", _steps(world_size))
     return ShardingCase("ebc", world_size, kwargs.pop("tables", _tables()), plan, optimizer=optimizer, seed=seed, **kwargs)
@@ -225,6 +239,11 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
         # DMP.reshard between steps: tables and their Adagrad state move to other ranks.
         DmpCase("reshard", _ebc(world_size, {"t0": ("table_wise", last), "t1": ("column_wise", (0, last)), "t2": ("table_wise", last)},
                 39, "adagrad"), DmpOptions(), model="ebc-under-dense", reshard_to=moved),
+        # DMP given no plan (the tutorial's way): its planner's plan, broadcast from rank 0 (the base plan is not used).
+        # Tables large enough that the planner mixes table-wise on both ranks with data-parallel.
+        DmpCase("dmp-plans", _ebc(world_size, {t.name: ("row_wise",) for t in _tables()}, 50, "adagrad", tables=_PLANNED_TABLES),
+                DmpOptions(plan_by_dmp=True),
+                model="ebc-under-dense"),
         # torchrec's EmbeddingBagSharder on a plain nn.EmbeddingBag (row-wise: fused and dense kernels).
         DmpCase("embedding-bag", _bag_base(world_size, 45, "fused"), DmpOptions(), model="embedding-bag"),
         DmpCase("embedding-bag", _bag_base(world_size, 46, "dense"), DmpOptions(sync_collectives=True), model="embedding-bag"),
