@@ -27,6 +27,7 @@ from paritykit.engine.setup import DEFAULT_LR, build_setup
 from paritykit.engine.training import TrainingSetup
 from paritykit.errors import HarnessError
 from paritykit.harness.optimizers import OptimizerSpec
+from paritykit.harness.plans import placements_of
 from paritykit.harness.seeding import generator
 
 
@@ -117,10 +118,4 @@ def check_same_kinds(before: TrainingSetup, after: TrainingSetup) -> None:
 def plan_signature(setup: TrainingSetup) -> tuple:
     """What a plan places where: per module and table, the sharding type, kernel, and every shard's
     offsets, sizes and rank (equal signatures hold equal local shards on every rank)."""
-    entries = []
-    for module, tables in sorted(setup.sharding_plan.plan.items()):
-        for table, sharding in sorted(tables.items()):
-            shards = () if sharding.sharding_spec is None else tuple(
-                (tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement)) for s in sharding.sharding_spec.shards)
-            entries.append((module, table, sharding.sharding_type, sharding.compute_kernel, tuple(sharding.ranks or ()), shards))
-    return tuple(entries)
+    return tuple((module, table, *entry) for (module, table), entry in sorted(placements_of(setup.sharding_plan).items()))

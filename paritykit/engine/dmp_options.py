@@ -231,36 +231,22 @@ def dmp_planned(model: nn.Module, world_size: int, ranks_per_host: int, device: 
     """The plan DistributedModelParallel makes when given none, made in the caller: its planner
     (EmbeddingShardingPlanner on a Topology of the run's world size, hosts and device) over the default
     sharders. No rank has run; the ranks' own plan must come out the same (``_require_same_plan``)."""
-    import logging
-
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    planner_logger = logging.getLogger("torchrec.distributed.planner")
-    level = planner_logger.level
-    planner_logger.setLevel(logging.ERROR)  # its tables of estimates, at every plan
-    try:
+    from paritykit.harness.noise import quiet_planner
+
+    with quiet_planner():
         topology = Topology(world_size=world_size, local_world_size=ranks_per_host, compute_device=device)
         return EmbeddingShardingPlanner(topology=topology).plan(model, get_default_sharders())
-    finally:
-        planner_logger.setLevel(level)
-
-
-def _plan_entries(plan: Any) -> dict[tuple[str, str], tuple]:
-    entries = {}
-    for module, tables in plan.plan.items():
-        for table, sharding in tables.items():
-            shards = () if sharding.sharding_spec is None else tuple(
-                (tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement)) for s in sharding.sharding_spec.shards)
-            entries[(module, table)] = (sharding.sharding_type, sharding.compute_kernel, tuple(sharding.ranks or ()), shards)
-    return entries
 
 
 def _require_same_plan(actual: Any, expected: Any) -> None:
     """ParityError naming each table whose placement in DMP's own plan is not the planner's."""
     from paritykit.errors import ParityError
+    from paritykit.harness.plans import placements_of
 
-    got, wanted = _plan_entries(actual), _plan_entries(expected)
+    got, wanted = placements_of(actual), placements_of(expected)
     problems = [f"{module or '<root>'}.{table}: DMP planned {got.get((module, table))}, the planner {wanted.get((module, table))}"
                 for module, table in sorted(set(got) | set(wanted)) if got.get((module, table)) != wanted.get((module, table))]
     if problems:

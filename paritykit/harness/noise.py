@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from typing import Iterator
 
 
 def quiet_known_noise() -> None:
@@ -16,3 +18,15 @@ def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered.*")
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
+
+
+@contextlib.contextmanager
+def quiet_planner() -> Iterator[None]:
+    """torchrec's planner logs its search and a table of the plan at INFO/WARNING on every call."""
+    logger = logging.getLogger("torchrec.distributed.planner")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -138,6 +138,18 @@ def with_rows_for_every_rank(tables: Sequence[Any], plan: Mapping[str, Any], wor
     )
 
 
+def placements_of(sharding_plan: Any) -> dict[tuple[str, str], tuple]:
+    """{(module, table): (sharding type, compute kernel, ranks, shards)} of a resolved torchrec
+    ShardingPlan, every shard as (offsets, sizes, placement): equal entries hold equal local shards."""
+    entries = {}
+    for module, tables in sharding_plan.plan.items():
+        for table, sharding in tables.items():
+            shards = () if sharding.sharding_spec is None else tuple(
+                (tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement)) for s in sharding.sharding_spec.shards)
+            entries[(module, table)] = (sharding.sharding_type, sharding.compute_kernel, tuple(sharding.ranks or ()), shards)
+    return entries
+
+
 def describe_plan(plan: Mapping[str, Any]) -> str:
     """A compact, replayable rendering: {'t0': column_wise(0,1,0), 't1': table_wise(1)}."""
     parts = []

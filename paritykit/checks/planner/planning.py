@@ -3,11 +3,10 @@ of the case's hosts on the ranks' device, the user's ParameterConstraints, torch
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from typing import Any, Iterator
+from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase
+from paritykit.harness.noise import quiet_planner
 
 
 def topology(case: PlannerCase, device: str = "cpu") -> Any:
@@ -29,23 +28,11 @@ def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
             for table, c in case.constraints}
 
 
-@contextlib.contextmanager
-def _quiet_planner() -> Iterator[None]:
-    # The planner logs its search and a table of the plan at INFO/WARNING on every call.
-    logger = logging.getLogger("torchrec.distributed.planner")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> Any:
     """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    with _quiet_planner():
+    with quiet_planner():
         planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case), stats=[])
         return planner.plan(module, get_default_sharders())
