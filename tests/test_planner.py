@@ -28,7 +28,9 @@ def test_the_column_block_is_the_narrowest_multiple_of_4_from_min_partition_that
 
 
 def _planned(case):
-    return plan_case(case, model_fn(case)())
+    plan, report_problems = plan_case(case, model_fn(case)())
+    assert report_problems == [], report_problems
+    return plan
 
 
 def _summary(plan) -> dict:

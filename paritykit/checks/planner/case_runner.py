@@ -1,5 +1,5 @@
-"""One planner case: the plan torchrec's planner makes, held against the rules of plan_rules.py in
-the caller, then the model sharded by it trained against the unsharded module (the engine)."""
+"""One planner case: the plan torchrec's planner makes, held against the rules of plan_rules.py and its
+own statistics report against report_rules.py in the caller, then the model sharded by it trained against the unsharded module (the engine)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
         raise HarnessError(f"case needs {case.hosts.describe()}, the pool has {pool.world_size} ranks "
                            f"of {getattr(pool, 'ranks_per_host', pool.world_size)} per host")
     make = model_fn(case)
-    plan = plan_case(case, make(), pool.device)
-    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device))
+    plan, report_problems = plan_case(case, make(), pool.device)
+    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems
     if problems:
         raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
     setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase
+from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
 from paritykit.harness.noise import quiet_planner
 
 
@@ -28,11 +29,16 @@ def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
             for table, c in case.constraints}
 
 
-def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> Any:
-    """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``."""
+def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
+    """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``,
+    and what its statistics report gets wrong about that plan (report_rules.py)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.stats import EmbeddingStats
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    with quiet_planner():
-        planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case), stats=[])
-        return planner.plan(module, get_default_sharders())
+    chosen = recorder()
+    with quiet_planner(), captured_stats_table() as rows:
+        planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case),
+                                           stats=[EmbeddingStats(), chosen])
+        plan = planner.plan(module, get_default_sharders())
+    return plan, report_problems(rows, chosen.best_plan)

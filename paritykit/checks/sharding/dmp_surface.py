@@ -11,6 +11,8 @@ sharding, its names and its seeded weights):
   unsharded module; with the default (strict) it must raise as the unsharded module does, which
   torchrec does not do for keys outside its sharded modules (the known issue
   ``dmp-load-state-dict-not-strict``, run by ``strict_problem`` in a known-broken case);
+- the printout (``print(model)``, as the tutorial does): it must not raise, must name each of the
+  unsharded module's submodules, and each sharded module's lookups (its documented extra_repr);
 - with ``output_dtensor`` (torchrec's ShardingEnv option), EBC and EC: the state dict's tables are
   DTensors whose local shards put together equal the unsharded weights, and the round trip above.
 """
@@ -140,7 +142,34 @@ def surface_on_rank(setup: TrainingSetup, output_dtensor: bool) -> dict[str, Any
         "missing_key": missing_key(saved),
         "loose": {bad: _load_outcome(fresh, state, False) for bad, state in spoiled_states(saved, missing_key(saved)).items()},
         "strict": {bad: _load_outcome(fresh, state, None) for bad, state in spoiled_states(saved, missing_key(saved)).items()},
+        "printout": printout_of(dmp),
     }
+
+
+def printout_of(dmp: torch.nn.Module) -> dict[str, Any]:
+    """``repr(dmp)`` (or the error it raised) and the class names of its sharded modules' lookups."""
+    lookups = [type(lookup).__name__ for module in dmp.modules() for lookup in getattr(module, "_lookups", None) or []]
+    try:
+        return {"text": repr(dmp), "lookups": lookups}
+    except Exception as error:  # noqa: BLE001 - printing a model must not raise: the finding is the error
+        return {"error": f"{type(error).__name__}: {error}", "lookups": lookups}
+
+
+def printout_problems(setup: TrainingSetup, per_rank: list[dict[str, Any]]) -> list[str]:
+    """What the sharded model's printout leaves out: a submodule of the unsharded module (by its name)
+    or a lookup of a sharded module; or the error printing raised."""
+    names = sorted({name.rsplit(".", 1)[-1] for name, _ in setup.model_fn().named_modules() if name})
+    problems = []
+    for rank, record in enumerate(per_rank):
+        printout = record["printout"]
+        if "error" in printout:
+            problems.append(f"rank {rank}: repr(DMP) raised {printout['error']}")
+            continue
+        absent = [name for name in names if f"({name}): " not in printout["text"]]
+        absent += [f"lookup {cls}" for cls in sorted(set(printout["lookups"])) if cls not in printout["text"]]
+        if absent:
+            problems.append(f"rank {rank}: repr(DMP) never names {absent[:4]}")
+    return problems
 
 
 def missing_key(state: dict[str, Any]) -> str | None:
@@ -183,7 +212,7 @@ def run_surface_case(case: SurfaceCase, pool: Any) -> dict[str, Any]:
     """ParityError naming the rank, the name or the tensor element at fault; else what was compared."""
     setup = surface_setup(case, pool.device)
     per_rank = pool.call(surface_on_rank, (setup, case.output_dtensor), case=case.case_id())
-    problems = names_problems(setup, per_rank) + state_problems(case, setup, per_rank)
+    problems = names_problems(setup, per_rank) + state_problems(case, setup, per_rank) + printout_problems(setup, per_rank)
     expected_loose = unsharded_outcomes(setup, False, per_rank[0]["missing_key"])
     problems += [f"rank {rank}: load_state_dict(strict=False) {record['loose']} where the unsharded module {expected_loose}"
                  for rank, record in enumerate(per_rank) if record["loose"] != expected_loose]

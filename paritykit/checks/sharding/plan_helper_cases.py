@@ -5,8 +5,12 @@ shard's offsets, sizes and placement) is compared with paritykit's own layout (s
 drawn table shapes, world sizes, hosts and placements. Caller side only: nothing runs on ranks (the
 sharding cases train modules sharded by these same helpers against the unsharded module).
 
-Also torchrec's documented contract of ``calculate_shard_sizes_and_offsets``: a sharding type it
-does not know raises ValueError (never a layout of some other type).
+The plan's printout (``print(plan)``, as the tutorial does) must show every table's type, kernel and
+ranks and every shard's offsets, sizes and placement, each on a row of its own under the module's path.
+
+Also torchrec's documented refusals: ``calculate_shard_sizes_and_offsets`` raises ValueError for a
+sharding type it does not know (never a layout of some other type), and ``column_wise(ranks=...)``
+raises ValueError for a table whose columns do not divide evenly among the ranks (never uneven shards).
 """
 
 from __future__ import annotations
@@ -84,10 +88,50 @@ def run_plan_helper_case(case: PlanHelperCase) -> dict[str, Any]:
         if kernel and plan[name].compute_kernel != kernel:
             wrong.append(f"compute kernel {plan[name].compute_kernel!r}, asked for {kernel!r}")
         problems += [f"table {name!r} ({case.plan[name][0]}): {w}" for w in wrong]
+    problems += printout_problems(plan, MODULE_PATH)
     if problems:
         raise ParityError(f"{case.case_id()}\n  torchrec's sharding_plan helpers against paritykit's shard layout:\n  "
                           + "\n  ".join(problems))
     return {"plan_shape": "plan-helpers", "tables": len(case.tables)}
+
+
+# The module path the printout is asked for: a nested one, as an EBC inside a model has.
+MODULE_PATH = "sparse.ebc"
+
+
+def _row_holds(line: str, cells: list[str]) -> bool:
+    """Whether ``line`` holds ``cells`` in this order (a printed table's row)."""
+    at = 0
+    for cell in cells:
+        at = line.find(cell, at)
+        if at < 0:
+            return False
+        at += len(cell)
+    return True
+
+
+def printout_problems(module_plan: Any, module_path: str) -> list[str]:
+    """What ``str(ShardingPlan({module_path: module_plan}))`` leaves out or garbles: the module's path,
+    a row per table (name, type, kernel, ranks) and a row per shard (name, offsets, sizes, placement),
+    all read from the plan object itself."""
+    from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan
+
+    try:
+        text = str(ShardingPlan({module_path: module_plan}))
+    except Exception as error:  # noqa: BLE001 - printing a plan must not raise: the finding is the error
+        return [f"str(ShardingPlan) raised {type(error).__name__}: {error}"]
+    lines = text.splitlines()
+    problems = [] if any(module_path in line for line in lines) else [f"the printout never names the module {module_path!r}"]
+    for name, sharding in module_plan.items():
+        row = [name, str(sharding.sharding_type), str(sharding.compute_kernel), str(sharding.ranks)]
+        if not any(_row_holds(line, row) for line in lines):
+            problems.append(f"table {name!r}: no row of the printout reads {' | '.join(row)}")
+        spec = sharding.sharding_spec
+        for shard in (spec.shards or []) if isinstance(spec, EnumerableShardingSpec) else []:
+            cells = [name, str(shard.shard_offsets), str(shard.shard_sizes), str(shard.placement)]
+            if not any(_row_holds(line, cells) for line in lines):
+                problems.append(f"table {name!r}: no row of the printout reads shard {' | '.join(cells)}")
+    return problems
 
 
 def unknown_sharding_type_problem(sharding_type: str) -> str | None:
@@ -108,6 +152,34 @@ def run_unknown_types_case(types: tuple[str, ...]) -> dict[str, Any]:
     if problems:
         raise ParityError("\n  ".join(problems))
     return {"plan_shape": "plan-helpers/unknown-type", "types": len(types)}
+
+
+def uneven_columns_problem(columns: int, ranks: tuple[int, ...]) -> str | None:
+    """``column_wise(ranks)`` on a table of ``columns`` that ``len(ranks)`` does not divide: ValueError."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+
+    if columns % len(ranks) == 0:
+        raise ValueError(f"{columns} columns divide evenly among ranks {list(ranks)}: not a case of uneven columns")
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t0", num_embeddings=8, embedding_dim=columns,
+                                                            feature_names=["f_t0"])], device=torch.device("meta"))
+    world_size = max(ranks) + 1
+    try:
+        plan = construct_module_sharding_plan(ebc, {"t0": column_wise(ranks=list(ranks))}, world_size=world_size,
+                                              local_size=world_size, device_type="cpu")
+    except ValueError:
+        return None
+    shards = plan["t0"].sharding_spec.shards
+    return (f"column_wise(ranks={list(ranks)}) on table 't0' of {columns} columns returned shards of sizes "
+            f"{[s.shard_sizes for s in shards]} where its docstring promises ValueError (the columns do not divide evenly)")
+
+
+def run_uneven_columns_case(tables: tuple[tuple[int, tuple[int, ...]], ...]) -> dict[str, Any]:
+    problems = [p for p in (uneven_columns_problem(columns, ranks) for columns, ranks in tables) if p]
+    if problems:
+        raise ParityError("\n  ".join(problems))
+    return {"plan_shape": "plan-helpers/uneven-columns", "tables": len(tables)}
 
 
 # -- the draws --------------------------------------------------------------------------------------
@@ -165,6 +237,9 @@ def narrow_column_shards_case() -> PlanHelperCase:
     column-wise-shard-width-not-multiple-of-4: torchrec places the whole table on rank 0)."""
     return PlanHelperCase(2, 2, (("t0", 10, 12),), {"t0": ("column_wise", (0, 1))})
 
+
+# Column counts that the ranks do not divide: one short of even, one over, and 3 ranks on 16 (the CW [0, 1, 0] shape).
+UNEVEN_COLUMNS = ((7, (0, 1)), (10, (0, 1, 0)), (16, (1, 0, 1)), (12, (0, 1, 2, 3, 0)))
 
 # Not ShardingType values; both sort after "grid_shard" and before it (a string compare is not a match).
 UNKNOWN_SHARDING_TYPES = ("table_wise_v2", "row-wise", "zz_sharding", "column", "")
