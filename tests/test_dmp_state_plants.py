@@ -122,3 +122,19 @@ def test_the_surface_cases_compare_names_state_and_loose_loads():
     cases = surface_cases(2)
     assert [case.output_dtensor for case in cases] == [False, True, True]
     assert {case.base.module for case in cases} == {"ebc", "ec"}
+
+
+def test_a_printout_that_raises_or_leaves_out_a_lookup_or_submodule_is_caught():
+    from paritykit.checks.sharding.dmp_surface import printout_problems
+
+    setup = surface_setup(surface_cases(2)[0])
+    names = sorted({name.rsplit(".", 1)[-1] for name, _ in setup.model_fn().named_modules() if name})
+    whole = " ".join(f"({name}): " for name in names) + " GroupedPooledEmbeddingsLookup"
+    good = {"printout": {"text": whole, "lookups": ["GroupedPooledEmbeddingsLookup"]}}
+    assert printout_problems(setup, [good, good]) == []
+    raised = {"printout": {"error": "TypeError: can't multiply sequence by non-int of type 'str'", "lookups": []}}
+    lacking = {"printout": {"text": whole.replace(f"({names[0]}): ", ""), "lookups": ["GroupedPooledEmbeddingsLookup"]}}
+    unnamed = {"printout": {"text": whole, "lookups": ["GroupedEmbeddingsLookup"]}}
+    problems = printout_problems(setup, [raised, lacking, unnamed])
+    assert [p.split(":")[0] for p in problems] == ["rank 0", "rank 1", "rank 2"], problems
+    assert "raised TypeError" in problems[0] and names[0] in problems[1] and "lookup GroupedEmbeddingsLookup" in problems[2]

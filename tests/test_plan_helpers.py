@@ -17,8 +17,9 @@ from paritykit.checks.sharding.codec_oracle import codec_problem
 from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
 from paritykit.checks.sharding.init_bounds import init_bounds_cases, init_ranges_on_rank, run_init_bounds_case
 from paritykit.checks.sharding.pinned import pinned_cases
-from paritykit.checks.sharding.plan_helper_cases import (UNKNOWN_SHARDING_TYPES, helper_of, pinned_plan_helper_cases,
-                                                         plan_helper_cases, run_plan_helper_case, run_unknown_types_case)
+from paritykit.checks.sharding.plan_helper_cases import (UNEVEN_COLUMNS, UNKNOWN_SHARDING_TYPES, helper_of, pinned_plan_helper_cases,
+                                                         plan_helper_cases, printout_problems, run_plan_helper_case,
+                                                         run_uneven_columns_case, run_unknown_types_case, uneven_columns_problem)
 from paritykit.checks.sharding.shard_layout import layout_of, row_blocks
 from paritykit.compare import find_differences
 from paritykit.engine.training import assemble_records, train_on_rank
@@ -48,16 +49,42 @@ def test_an_unknown_sharding_type_is_refused():
     assert run_unknown_types_case(UNKNOWN_SHARDING_TYPES)["types"] == len(UNKNOWN_SHARDING_TYPES)
 
 
-def torchrec_layouts(case) -> dict:
-    """What torchrec's helpers resolve the case's plan to (no paritykit oracle involved)."""
+def test_columns_the_ranks_do_not_divide_are_refused_and_an_even_table_is_no_such_case():
+    assert run_uneven_columns_case(UNEVEN_COLUMNS)["tables"] == len(UNEVEN_COLUMNS)
+    with pytest.raises(ValueError, match="divide evenly"):
+        uneven_columns_problem(12, (0, 1, 0))
+
+
+def test_the_plan_printout_names_every_table_and_shard_and_a_dropped_row_is_caught():
+    from torchrec.distributed import types
+
+    case = pinned_plan_helper_cases()[0]
+    plan = {name: sharding for name, sharding in torchrec_plan(case).items()}
+    module_plan = types.EmbeddingModuleShardingPlan(plan)
+    assert printout_problems(module_plan, "sparse.ebc") == []
+    garbled = types.EmbeddingModuleShardingPlan(plan)
+    text = str(garbled).splitlines()
+    last_shard = next(line for line in reversed(text) if line.strip())
+    garbled.__class__ = type("Garbled", (types.EmbeddingModuleShardingPlan,),
+                             {"__str__": lambda self: "\n".join(line for line in text if line != last_shard)})
+    problems = printout_problems(garbled, "sparse.ebc")
+    assert len(problems) == 1 and "no row of the printout reads shard" in problems[0], problems
+
+
+def torchrec_plan(case) -> dict:
+    """torchrec's helpers' module plan for the case (no paritykit oracle involved)."""
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=c, feature_names=[f"f_{n}"])
                                          for n, r, c in case.tables], device=torch.device("meta"))
-    plan = construct_module_sharding_plan(ebc, {n: helper_of(e, None) for n, e in case.plan.items()}, world_size=case.world_size,
+    return construct_module_sharding_plan(ebc, {n: helper_of(e, None) for n, e in case.plan.items()}, world_size=case.world_size,
                                           local_size=case.local_size, device_type="cpu")
-    return {name: layout_of(sharding, "cpu")[0] for name, sharding in plan.items()}
+
+
+def torchrec_layouts(case) -> dict:
+    """What torchrec's helpers resolve the case's plan to (no paritykit oracle involved)."""
+    return {name: layout_of(sharding, "cpu")[0] for name, sharding in torchrec_plan(case).items()}
 
 
 # The pinned case whose placements each plan plant changes (row-wise: 9 rows on 4 ranks; CW [0, 1, 0]).

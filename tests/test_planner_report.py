@@ -1,0 +1,71 @@
+"""The rules for what torchrec's planner reports of its own plan (report_rules.py): the stats table's
+box, its perf figures and the shards' storage estimates, each shown to pass on torchrec's real
+report and to fail on one element changed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from paritykit.checks.planner.cases import model_fn
+from paritykit.checks.planner.pinned import pinned_cases
+from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, perf_figure_problems,
+                                                   recorder, storage_problems)
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """torchrec's real stats table and chosen plan for the pinned EBC case on 2 hosts of 2."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.stats import EmbeddingStats
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from paritykit.checks.planner.planning import parameter_constraints, topology
+
+    case = pinned_cases(4, 2)[0]
+    chosen = recorder()
+    with captured_stats_table() as rows:
+        EmbeddingShardingPlanner(topology=topology(case), constraints=parameter_constraints(case),
+                                 stats=[EmbeddingStats(), chosen]).plan(model_fn(case)(), get_default_sharders())
+    return list(rows), chosen.best_plan
+
+
+def test_torchrecs_own_report_keeps_the_rules(planned):
+    rows, best_plan = planned
+    assert rows and best_plan
+    assert frame_problems(rows) == [] and perf_figure_problems(rows, best_plan) == [] and storage_problems(best_plan) == []
+
+
+def test_a_row_wider_or_narrower_than_the_border_is_caught(planned):
+    rows, _ = planned
+    blank = next(i for i, row in enumerate(rows) if " " in row and not row[1:-1].strip())
+    for wrong in ("#" + " " * (2 * len(rows[0])) + "#", "#" + " " * 10 + "#"):
+        problems = frame_problems(rows[:blank] + [wrong] + rows[blank + 1:])
+        assert len(problems) == 1 and f"row {blank}" in problems[0], problems
+    assert any(row.startswith(ONE_WIDER) for row in rows), "the tolerated row is in torchrec's table"
+
+
+def test_a_printed_perf_figure_off_by_more_than_its_rounding_is_caught(planned):
+    rows, best_plan = planned
+    at = next(i for i, row in enumerate(rows) if "Sum of Maxima:" in row)
+    wrong = rows[:at] + ["# Sum of Maxima: 9.5 ms #"] + rows[at + 1:]
+    problems = perf_figure_problems(wrong, best_plan)
+    assert len(problems) == 1 and "Sum of Maxima: 9.5 ms" in problems[0], problems
+
+
+def test_a_shard_estimated_below_its_weights_and_output_is_caught(planned):
+    _, best_plan = planned
+    option = best_plan[0]
+    shard = option.shards[0]
+    rows, columns = shard.size
+    least = rows * columns * 4 + option.batch_size * columns * 4
+    saved = shard.storage
+    try:
+        shard.storage = dataclasses.replace(saved, hbm=0, ddr=least - 1)
+        problems = storage_problems(best_plan)
+        assert len(problems) == 1 and f"table {option.name!r}" in problems[0] and str(least) in problems[0], problems
+        shard.storage = dataclasses.replace(saved, hbm=0, ddr=least)
+        assert storage_problems(best_plan) == []
+    finally:
+        shard.storage = saved
