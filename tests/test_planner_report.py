@@ -69,3 +69,29 @@ def test_a_shard_estimated_below_its_weights_and_output_is_caught(planned):
         assert storage_problems(best_plan) == []
     finally:
         shard.storage = saved
+
+
+def _options(device: str, batch: int) -> list:
+    from paritykit.checks.planner.estimate_rules import enumerated
+
+    return enumerated(pinned_cases(2, 2)[0], device, batch, constrained=False)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torchrecs_estimates_keep_their_meaning_and_a_changed_one_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import batch_problems, degenerate_problems, single_problems
+
+    single, double = _options(device, 512), _options(device, 1024)
+    assert single_problems(single, device) == [] and batch_problems(single, double, device) == []
+    assert degenerate_problems(single, device, one_host=True) == []
+    # One shard's forward compute not doubling with the batch; a one-shard column-wise option moved off table-wise.
+    shard = next(o for o in double if o.sharding_type == "table_wise").shards[0]
+    shard.perf = dataclasses.replace(shard.perf, fwd_compute=shard.perf.fwd_compute * 1.5)
+    problems = batch_problems(single, double, device)
+    assert len(problems) == 1 and "fwd_compute" in problems[0] and "expected twice" in problems[0], problems
+    cw = next(o for o in single if o.sharding_type == "column_wise" and len(o.shards) == 1)
+    cw.shards[0].perf = dataclasses.replace(cw.shards[0].perf, bwd_comms=cw.shards[0].perf.bwd_comms + 1e-3)
+    problems = degenerate_problems(single, device, one_host=True)
+    assert len(problems) == 1 and f"table {cw.name!r} column_wise" in problems[0], problems
+    cw.shards[0].perf = dataclasses.replace(cw.shards[0].perf, fwd_compute=-1.0)
+    assert any("fwd_compute=-1.0" in p for p in single_problems(single, device))

@@ -1,11 +1,13 @@
-"""One planner case: the plan torchrec's planner makes, held against the rules of plan_rules.py and its
-own statistics report against report_rules.py in the caller, then the model sharded by it trained against the unsharded module (the engine)."""
+"""One planner case: the plan torchrec's planner makes, held against the rules of plan_rules.py, its
+own statistics report against report_rules.py and every option's estimates against estimate_rules.py
+in the caller, then the model sharded by it trained against the unsharded module (the engine)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, batches_of, model_fn
+from paritykit.checks.planner.estimate_rules import estimate_problems
 from paritykit.checks.planner.plan_rules import plan_problems
 from paritykit.checks.planner.planning import plan_case
 from paritykit.engine.comparison import compare_records, where_for
@@ -33,7 +35,7 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
                            f"of {getattr(pool, 'ranks_per_host', pool.world_size)} per host")
     make = model_fn(case)
     plan, report_problems = plan_case(case, make(), pool.device)
-    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems
+    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems + estimate_problems(case)
     if problems:
         raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
     setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,
