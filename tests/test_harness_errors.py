@@ -9,7 +9,7 @@ import torch
 import paritykit.convert as convert
 from paritykit.checks.runner import result_from_exception
 from paritykit.dist.calls import rank_error_from
-from paritykit.errors import HarnessError, NothingCompared, RankFailure, raised_by_harness
+from paritykit.errors import HarnessError, NothingCompared, ParityError, RankFailure, raised_by_harness
 from paritykit.harness import plants
 from paritykit.harness.tables import seeded_full_weights
 
@@ -105,3 +105,22 @@ def test_a_rank_that_fails_in_paritykit_code_is_a_harness_error_and_in_user_code
         rank_pool.run(seeded_full_weights, None, 0)
     with pytest.raises(RankFailure, match="ZeroDivisionError"):
         rank_pool.run(raise_in_a_users_model)
+
+
+def test_a_non_leaf_parameter_of_a_stand_in_model_is_the_models_fault_not_paritykits():
+    # A stand-in module (no torchrec model lists a computed tensor as its parameter on these stacks).
+    from paritykit.harness.dmp import dense_parameters
+
+    class ComputedWeight(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = torch.nn.Parameter(torch.ones(3))
+
+        def named_parameters(self, *args, **kwargs):
+            yield "base", self.base
+            yield "scaled", self.base * 2
+
+    with pytest.raises(ParityError, match=r"not leaf tensors.*\['scaled'\]") as caught:
+        dense_parameters(ComputedWeight())
+    assert not raised_by_harness(caught.value)
+    assert list(dense_parameters(torch.nn.Linear(2, 2))) == ["weight", "bias"]

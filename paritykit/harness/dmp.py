@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.plan_resolution import embedding_modules, sharder_of
 from paritykit.harness.shards import Piece, detached, local_pieces, scatter
 
@@ -111,4 +111,15 @@ def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
     """Parameters no fused optimizer trains: dense layers, dense-kernel and data-parallel tables."""
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    return dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    return leaf_parameters(in_backward_optimizer_filter(dmp.named_parameters()))
+
+
+def leaf_parameters(named: Any) -> dict[str, nn.Parameter]:
+    """``named`` as a dict, each a leaf tensor: a model's parameters are what an optimizer is given, and
+    torch.optim refuses a non-leaf one (the model's defect, reported as such, not paritykit's)."""
+    params = dict(named)
+    derived = [name for name, param in params.items() if not param.is_leaf]
+    if derived:
+        raise ParityError(f"the sharded model lists {len(derived)} parameter(s) that are not leaf tensors (computed from "
+                          f"others; no optimizer can train them): {derived[:4]}")
+    return params
