@@ -183,3 +183,24 @@ def test_the_known_broken_comparisons_fail_with_diverged_replicas_and_are_listed
     for name in known_broken_bodies(CONFIG, 2):
         assert any(fnmatch.fnmatch(f"ws2/{name}", issue.case) for issue in listed), name
     assert known_broken_bodies(GateConfig(world_sizes=(1,)), 1) == {}
+
+
+def test_a_reset_that_leaves_contexts_in_flight_is_caught_on_a_stand_in_pipeline():
+    # A stand-in with the deques torchrec's pipelines keep; the lifecycle case runs the real ones.
+    from collections import deque
+
+    from paritykit.engine.pipeline_lifecycle import checked_reset
+    from paritykit.errors import ParityError
+
+    class StandIn:
+        def __init__(self, forget: str | None) -> None:
+            self.batches, self.contexts, self.forget = deque([1, 2]), deque(["a", "b"]), forget
+
+        def reset(self) -> None:
+            for name in ("batches", "contexts"):
+                if name != self.forget:
+                    getattr(self, name).clear()
+
+    checked_reset(StandIn(None), "sparse_dist")
+    with pytest.raises(ParityError, match="reset\\(\\) left 0 batches, 2 contexts in flight"):
+        checked_reset(StandIn("contexts"), "sparse_dist")

@@ -71,6 +71,17 @@ def progress_some(pipeline: Any, data: Any, count: int) -> list[Any]:
     return outputs
 
 
+def checked_reset(pipeline: Any, label: str) -> None:
+    """``pipeline.reset()``, which resets its state: no batch and no batch context may stay in flight
+    (where the pipeline keeps them in ``batches`` and ``contexts``). A context left behind is refilled by
+    index and changes no number, so only its count shows it."""
+    pipeline.reset()
+    left = {name: len(getattr(pipeline, name)) for name in ("batches", "contexts") if hasattr(pipeline, name)}
+    if any(left.values()):
+        raise ParityError(f"{label}: reset() left " + ", ".join(f"{count} {name}" for name, count in left.items())
+                          + " in flight")
+
+
 def plain_step(model: Any, optimizer: Any, batch: Any) -> Any:
     optimizer.zero_grad()
     loss, prediction = split_output(model(batch))
@@ -97,10 +108,10 @@ class LifecycleDrive:
         if not hasattr(pipeline, "detach"):
             outputs = progress_all(pipeline, iter(part_a[: self.detach_after]), self.detach_after, self.pipeline)
             outputs.append(plain_step(model, optimizer, side))
-            pipeline.reset()
+            checked_reset(pipeline, self.pipeline)
             rest = part_a[self.detach_after:] + part_b
             outputs += progress_all(pipeline, iter(rest), len(rest), self.pipeline)
-            pipeline.reset()
+            checked_reset(pipeline, self.pipeline)
             return outputs + progress_all(pipeline, iter(part_b[:half]), half, f"{self.pipeline} (after a reset)")
         data = iter(part_a)
         outputs = [pipeline.progress(data) for _ in range(self.detach_after)]
@@ -110,12 +121,12 @@ class LifecycleDrive:
         pipeline.attach(detached)
         outputs += progress_all(pipeline, data, len(part_a), self.pipeline)
         pipeline.attach(pipeline.detach())  # attaching once the pipeline has run dry
-        pipeline.reset()
+        checked_reset(pipeline, self.pipeline)
         outputs += progress_all(pipeline, iter(part_b[:half]), half, self.pipeline)
         # The next epoch, without a reset; the side batch waits behind it, fetched ahead, never trained.
         data = iter(part_b[half:] + [side] * FETCHED_AHEAD)
         outputs += progress_some(pipeline, data, len(part_b) - half)
-        pipeline.reset()
+        checked_reset(pipeline, f"{self.pipeline} (mid-epoch)")
         return outputs + progress_all(pipeline, iter(part_b[:half]), half, f"{self.pipeline} (after a reset mid-epoch)")
 
 
