@@ -115,11 +115,12 @@ def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def leaf_parameters(named: Any) -> dict[str, nn.Parameter]:
-    """``named`` as a dict, each a leaf tensor: a model's parameters are what an optimizer is given, and
-    torch.optim refuses a non-leaf one (the model's defect, reported as such, not paritykit's)."""
+    """``named`` as a dict, each a tensor an optimizer can train: a leaf, or one that retains its grad
+    (torchrec's dense-kernel tables are views of one buffer that do). torch.optim refuses any other,
+    and that is the model's defect, reported as such, not paritykit's."""
     params = dict(named)
-    derived = [name for name, param in params.items() if not param.is_leaf]
+    derived = [name for name, param in params.items() if not (param.is_leaf or param.retains_grad)]
     if derived:
-        raise ParityError(f"the sharded model lists {len(derived)} parameter(s) that are not leaf tensors (computed from "
-                          f"others; no optimizer can train them): {derived[:4]}")
+        raise ParityError(f"the sharded model lists {len(derived)} parameter(s) that are computed from others and do "
+                          f"not retain their grad (no optimizer can train them): {derived[:4]}")
     return params
