@@ -198,3 +198,23 @@ def test_the_broadest_case_of_each_check_replays_first_then_the_fastest_of_each(
     assert choose_cases([small, broad, other, pipe], 10, breadth) == [broad, pipe, small, other]
     # Without the breadth of the cases: the fastest of each check, then the fastest.
     assert choose_cases([small, broad, other, pipe], 3) == [small, pipe, other]
+
+
+def test_cases_taking_different_paths_through_the_mutated_function_replay_first():
+    from paritykit.gate.mutant_run import case_breadth, choose_cases, function_paths, innermost_function
+
+    plain, other_plain = _case("sharding", "plain", 1.0), _case("sharding", "plain2", 1.5)
+    branch, broad = _case("sharding", "branch", 3.0), _case("pipeline", "broad", 9.0)
+    # The function spans lines 10-16; the branch case alone runs 13-14, the others the straight path.
+    lines = {10: [plain, other_plain, branch, broad], 11: [plain, other_plain, branch, broad], 12: [plain, other_plain, broad],
+             13: [branch], 14: [branch], 16: [plain, other_plain, branch, broad], 40: [broad], 41: [broad]}
+    span = innermost_function([(1, 60), (10, 16), (30, 45)], 11)
+    assert span == (10, 16) and innermost_function([(10, 16)], 20) is None
+    paths = function_paths(lines, span)
+    assert paths["sharding|branch"] == frozenset({10, 11, 13, 14, 16})
+    breadth = case_breadth({"a.py": lines})
+    # branch adds the most lines of the function, then the fastest case that adds line 12 (plain);
+    # half the limit of 4 is 2, then the broadest of each check.
+    assert choose_cases(lines[11], 4, breadth, paths) == [branch, plain, broad, other_plain]
+    # Without the paths: the broadest of each check, then the fastest.
+    assert choose_cases(lines[11], 4, breadth) == [broad, branch, plain, other_plain]

@@ -1,6 +1,6 @@
-"""The rules for what torchrec's planner reports of its own plan (report_rules.py): the stats table's
-box, its perf figures and the shards' storage estimates, each shown to pass on torchrec's real
-report and to fail on one element changed."""
+"""The rules for what torchrec's planner reports of its own plan (report_rules.py: the stats table's
+box, its perf figures) and for every option's estimates (estimate_rules.py), each shown to pass on
+torchrec's real report and estimates and to fail on one element changed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
-from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, perf_figure_problems,
-                                                   recorder, storage_problems)
+from paritykit.checks.planner.estimate_rules import single_problems
+from paritykit.checks.planner.report_rules import ONE_WIDER, captured_stats_table, frame_problems, perf_figure_problems, recorder
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def planned():
 def test_torchrecs_own_report_keeps_the_rules(planned):
     rows, best_plan = planned
     assert rows and best_plan
-    assert frame_problems(rows) == [] and perf_figure_problems(rows, best_plan) == [] and storage_problems(best_plan) == []
+    assert frame_problems(rows) == [] and perf_figure_problems(rows, best_plan) == [] and single_problems(best_plan, "cpu") == []
 
 
 def test_a_row_wider_or_narrower_than_the_border_is_caught(planned):
@@ -63,16 +63,16 @@ def test_a_shard_estimated_below_its_weights_and_output_is_caught(planned):
     saved = shard.storage
     try:
         shard.storage = dataclasses.replace(saved, hbm=0, ddr=least - 1)
-        problems = storage_problems(best_plan)
+        problems = single_problems(best_plan, "cpu")
         assert len(problems) == 1 and f"table {option.name!r}" in problems[0] and str(least) in problems[0], problems
         shard.storage = dataclasses.replace(saved, hbm=0, ddr=least)
-        assert storage_problems(best_plan) == []
+        assert single_problems(best_plan, "cpu") == []
     finally:
         shard.storage = saved
 
 
 def _options(device: str, batch: int) -> list:
-    from paritykit.checks.planner.estimate_rules import enumerated
+    from paritykit.checks.planner.planning import enumerated
 
     return enumerated(pinned_cases(2, 2)[0], device, batch, constrained=False)
 

@@ -51,25 +51,68 @@ class MutantOutcome:
                 "status": self.status, "cases": self.cases, "duration_s": round(self.duration_s, 1), "detail": self.detail}
 
 
-def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, int] | None = None) -> list[CoveredCase]:
-    """Up to ``limit`` of the cases covering a line: the broadest of each check first (the one running
-    the most torchrec lines: the fastest cases are the smallest, which run the line in its plainest
-    form), then the fastest of each check, then the fastest. Without ``breadth``, the fastest first."""
+def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, int] | None = None,
+                 paths: dict[str, frozenset[int]] | None = None) -> list[CoveredCase]:
+    """Up to ``limit`` of the cases covering a line.
+
+    With ``paths`` (each case's lines of the function holding the mutated line, ``function_paths``):
+    first, for up to half the limit, the cases that take the most different paths through that
+    function (greedy: each adds the most lines of it no case chosen so far ran; the fastest on a tie),
+    since a mutant shows on the path that reaches what it changed; then the broadest case of each
+    check (the one running the most torchrec lines: the fastest cases are the smallest, which run the
+    line in its plainest form); then the other different paths; then the fastest of each check, then
+    the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths."""
     by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
-    chosen: list[CoveredCase] = []
+    different = _different_paths(by_speed, paths) if paths else []
+    chosen: list[CoveredCase] = different[: max(1, limit // 2)] if different else []
+
+    def add(cases: list[CoveredCase]) -> None:
+        chosen.extend(case for case in cases if case not in chosen)
+
     if breadth:
         broadest: dict[str, CoveredCase] = {}
         for case in sorted(candidates, key=lambda case: (-breadth.get(case.label, 0), case.duration_s, case.label)):
             broadest.setdefault(case.check, case)
-        chosen += list(broadest.values())
-    checks: set[str] = set()
+        add(list(broadest.values()))
+    add(different)
+    fastest: dict[str, CoveredCase] = {}
     for case in by_speed:
-        if case.check not in checks:
-            checks.add(case.check)
-            if case not in chosen:
-                chosen.append(case)
-    chosen += [case for case in by_speed if case not in chosen]
+        fastest.setdefault(case.check, case)
+    add(list(fastest.values()))
+    add(by_speed)
     return chosen[:limit]
+
+
+def _different_paths(by_speed: list[CoveredCase], paths: dict[str, frozenset[int]]) -> list[CoveredCase]:
+    """Greedy cover of the function's lines by the cases' paths through it, while a case adds one."""
+    seen: set[int] = set()
+    picked: list[CoveredCase] = []
+    left = [case for case in by_speed if paths.get(case.label)]
+    while left:
+        best = max(left, key=lambda case: len(paths[case.label] - seen))  # max keeps the first (fastest) on a tie
+        if not paths[best.label] - seen:
+            break
+        picked.append(best)
+        seen |= paths[best.label]
+        left.remove(best)
+    return picked
+
+
+def function_paths(lines: dict[int, list[CoveredCase]], span: tuple[int, int] | None) -> dict[str, frozenset[int]]:
+    """{case label: the lines of ``span`` (a function's first and last line) that the case ran}."""
+    if span is None:
+        return {}
+    paths: dict[str, set[int]] = {}
+    for line in range(span[0], span[1] + 1):
+        for case in lines.get(line, ()):
+            paths.setdefault(case.label, set()).add(line)
+    return {label: frozenset(ran) for label, ran in paths.items()}
+
+
+def innermost_function(spans: list[tuple[int, int]], line: int) -> tuple[int, int] | None:
+    """The narrowest of the functions' (first, last) line spans holding ``line``, if any."""
+    holding = [span for span in spans if span[0] <= line <= span[1]]
+    return min(holding, key=lambda span: span[1] - span[0]) if holding else None
 
 
 def case_breadth(covered: dict[str, dict[int, list[CoveredCase]]]) -> dict[str, int]:

@@ -24,7 +24,7 @@ from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, meas
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
-                                       case_breadth, choose_cases, run_mutant)
+                                       case_breadth, choose_cases, function_paths, innermost_function, run_mutant)
 from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
@@ -68,6 +68,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     breadth = case_breadth(covered)
+    spans = {file: list(function_spans(ast.parse((root / file).read_text()))[1].values()) for file in covered}
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
     chosen = sample(everything, size, seed) if again is None else [mutant for mutant, _, _ in again]
     progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
@@ -90,7 +91,9 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
         elif mutant.line not in covered.get(mutant.file, {}):
             outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, detail="no passing case runs its line")
         else:
-            picked = choose_cases(covered[mutant.file][mutant.line], max_cases, breadth)
+            lines = covered[mutant.file]
+            paths = function_paths(lines, innermost_function(spans[mutant.file], mutant.line))
+            picked = choose_cases(lines[mutant.line], max_cases, breadth, paths)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
             outcome = run_mutant(mutant, change, root, picked, gate, limit)
             if journal:

@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, batches_of, model_fn
-from paritykit.checks.planner.estimate_rules import estimate_problems
 from paritykit.checks.planner.plan_rules import plan_problems
-from paritykit.checks.planner.planning import plan_case
+from paritykit.checks.planner.planning import estimate_problems, plan_case
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.reference import train_reference
 from paritykit.engine.setup import build_setup

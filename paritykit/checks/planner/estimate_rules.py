@@ -1,7 +1,8 @@
-"""What the planner's estimates of every sharding option must mean, whatever their calibration: the
-options torchrec's EmbeddingEnumerator proposes for the case's tables (under the user's constraints,
-and with none: every type and kernel), with its default perf and storage estimators, on the case's hosts for CPU ranks and for GPU ranks (planning only: nothing runs
-on a GPU), at the planner's default batch size and at twice that.
+"""What the planner's estimates of every sharding option must mean, whatever their calibration (the
+rules; planning.estimate_problems applies them): the options torchrec's EmbeddingEnumerator proposes for the case's tables (under the user's constraints,
+and with none: every type and kernel), with its default perf and storage estimators, on the case's
+hosts for CPU ranks and for GPU ranks (planning only: nothing runs on a GPU), at the planner's
+default batch size and at twice that.
 
 - every perf component is finite and not negative;
 - time is bytes moved over a bandwidth, and every byte a shard computes on or sends in a step is one
@@ -22,31 +23,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.planning import parameter_constraints, topology
-from paritykit.harness.noise import quiet_planner
-
 PERF_COMPONENTS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
-# The devices the options are estimated for: the ranks' own, and GPUs (estimates only).
-ESTIMATED_FOR = ("cpu", "cuda")
 # Relative roundoff of a component computed at two batch sizes.
 LINEAR_TOLERANCE = 1e-9
-
-
-def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool) -> list[Any]:
-    """The sharding options torchrec's enumerator proposes, estimated for ``batch_size``: under the
-    case's constraints, or every type and kernel the sharders offer."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
-    from torchrec.distributed.sharding_plan import get_default_sharders
-
-    with quiet_planner():
-        topo = topology(case, device)
-        constraints = parameter_constraints(case) if constrained else None
-        estimators = [EmbeddingPerfEstimator(topology=topo, constraints=constraints),
-                      EmbeddingStorageEstimator(topology=topo, constraints=constraints)]
-        enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
-        return enumerator.enumerate(model_fn(case)(), get_default_sharders())
 
 
 def _option_name(option: Any, device: str) -> str:
@@ -60,6 +39,8 @@ def _storage_least(option: Any, shard: Any) -> int:
 
 
 def single_problems(options: list[Any], device: str) -> list[str]:
+    """Shards without an estimate, with a negative or infinite perf component, or with less storage
+    than their weights and (pooled) one rank's output. Also applied to the plan the planner chose."""
     problems = []
     for option in options:
         for shard in option.shards:
@@ -123,20 +104,3 @@ def degenerate_problems(options: list[Any], device: str, one_host: bool) -> list
                 problems.append(f"{_option_name(kinds[kind], device)} is the {equal} placement of the table "
                                 f"({len(found)} shard(s)), estimated {found[:2]}, {equal} estimated {expected[:2]}")
     return problems
-
-
-def estimate_problems(case: PlannerCase) -> list[str]:
-    """Every rule above, on every option for CPU and GPU ranks; the first few problems."""
-    from torchrec.distributed.planner.constants import BATCH_SIZE
-
-    problems = []
-    for device in ESTIMATED_FOR:
-        for constrained in (True, False):
-            single = enumerated(case, device, BATCH_SIZE, constrained)
-            if not single:
-                problems.append(f"torchrec's enumerator proposed no sharding option on {device}")
-                continue
-            double = enumerated(case, device, 2 * BATCH_SIZE, constrained)
-            problems += (single_problems(single, device) + batch_problems(single, double, device)
-                         + degenerate_problems(single, device, case.world_size == case.ranks_per_host))
-    return problems[:4]

@@ -1,11 +1,14 @@
 """The case planned by torchrec's EmbeddingShardingPlanner, the way a user plans a model: a topology
-of the case's hosts on the ranks' device, the user's ParameterConstraints, torchrec's default sharders."""
+of the case's hosts on the ranks' device, the user's ParameterConstraints, torchrec's default sharders;
+and every option its EmbeddingEnumerator proposes, estimated (estimate_rules.py holds them to their
+meaning)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from paritykit.checks.planner.cases import PlannerCase
+from paritykit.checks.planner.cases import PlannerCase, model_fn
+from paritykit.checks.planner.estimate_rules import batch_problems, degenerate_problems, single_problems
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
 from paritykit.harness.noise import quiet_planner
 
@@ -41,4 +44,42 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
         planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case),
                                            stats=[EmbeddingStats(), chosen])
         plan = planner.plan(module, get_default_sharders())
-    return plan, report_problems(rows, chosen.best_plan)
+    return plan, report_problems(rows, chosen.best_plan, device)
+
+
+# The devices the options are estimated for: the ranks' own, and GPUs (estimates only).
+ESTIMATED_FOR = ("cpu", "cuda")
+
+
+def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool) -> list[Any]:
+    """The sharding options torchrec's enumerator proposes, estimated for ``batch_size``: under the
+    case's constraints, or every type and kernel the sharders offer."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    with quiet_planner():
+        topo = topology(case, device)
+        constraints = parameter_constraints(case) if constrained else None
+        estimators = [EmbeddingPerfEstimator(topology=topo, constraints=constraints),
+                      EmbeddingStorageEstimator(topology=topo, constraints=constraints)]
+        enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
+        return enumerator.enumerate(model_fn(case)(), get_default_sharders())
+
+
+def estimate_problems(case: PlannerCase) -> list[str]:
+    """estimate_rules.py's rules on every option for CPU and GPU ranks, at the default batch and twice it
+    (under the case's constraints and with none); the first few problems."""
+    from torchrec.distributed.planner.constants import BATCH_SIZE
+
+    problems = []
+    for device in ESTIMATED_FOR:
+        for constrained in (True, False):
+            single = enumerated(case, device, BATCH_SIZE, constrained)
+            if not single:
+                problems.append(f"torchrec's enumerator proposed no sharding option on {device}")
+                continue
+            double = enumerated(case, device, 2 * BATCH_SIZE, constrained)
+            problems += (single_problems(single, device) + batch_problems(single, double, device)
+                         + degenerate_problems(single, device, case.world_size == case.ranks_per_host))
+    return problems[:4]

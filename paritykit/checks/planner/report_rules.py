@@ -4,9 +4,9 @@
 - the statistics table ``EmbeddingStats`` logs is a box: every row is framed by ``#`` and as wide as
   its top border, unless its text is wider; the sum of the ranks' maximal perf components and the
   largest total perf it prints are those of the plan's shards, summed per rank here;
-- each shard's estimated storage holds at least the shard's weights (rows x columns x element size)
-  and, for a pooled table, the pooled output of the batch the planner assumed on one rank
-  (batch x columns x element size): a planner that estimates less than that overcommits memory.
+- each chosen shard's estimates keep the rules of every option (estimate_rules.single_problems): its
+  storage holds at least its weights and, pooled, one rank's output of the planner's batch, since a
+  planner that estimates less than that overcommits memory.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import contextlib
 import logging
 import re
 from typing import Any, Iterator
+
+from paritykit.checks.planner.estimate_rules import single_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
 # every supported stack): it may be one character wider than the border.
@@ -118,27 +120,8 @@ def perf_figure_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
     return problems
 
 
-def storage_problems(best_plan: list[Any]) -> list[str]:
-    """Shards whose estimated storage is less than their weights (and, pooled, one rank's output)."""
-    problems = []
-    for option in best_plan:
-        element = option.tensor.element_size()
-        for shard in option.shards:
-            if shard.storage is None:
-                problems.append(f"table {option.name!r}: a shard on rank {shard.rank} has no storage estimate")
-                continue
-            rows, columns = shard.size
-            least = rows * columns * element + (option.batch_size * columns * element if option.is_pooled else 0)
-            held = shard.storage.hbm + shard.storage.ddr
-            if held < least:
-                problems.append(f"table {option.name!r} ({option.sharding_type}): the shard {shard.size} at {shard.offset} "
-                                f"on rank {shard.rank} is estimated at {held} bytes, less than its weights"
-                                + (f" and one rank's pooled output of batch {option.batch_size}" if option.is_pooled else "")
-                                + f" ({least} bytes)")
-    return problems[:4]
-
-
-def report_problems(rows: list[str], best_plan: list[Any] | None) -> list[str]:
+def report_problems(rows: list[str], best_plan: list[Any] | None, device: str) -> list[str]:
     if best_plan is None:
         return ["the planner never handed its plan to the Stats it was given"]
-    return frame_problems(rows) + perf_figure_problems(rows, best_plan) + storage_problems(best_plan)
+    chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
+    return frame_problems(rows) + perf_figure_problems(rows, best_plan) + chosen[:4]
