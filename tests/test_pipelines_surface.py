@@ -1,7 +1,7 @@
 """The pipeline check's surface cases: the catalog of torchrec pipelines found by feature, the oracles
 on their own (plain accumulation by hand, the unsharded eval forward, the lifecycle order, the
 hook-order rule, the flaky dataloader), then every surface case passing on the installed torchrec
-and the three known-broken comparisons failing as listed."""
+and the four known-broken comparisons failing as listed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from paritykit.checks.known_issues import load as load_known_issues
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS
 from paritykit.checks.pipeline.surface import dlrm_surface_setup, known_broken_bodies, surface_bodies, variant_pipelines
-from paritykit.checks.pipeline.surface_runs import backward_optimizer, gradient_accumulation, staged
+from paritykit.checks.pipeline.surface_runs import backward_optimizer, gradient_accumulation, staged, stopped_eval_joined
 from paritykit.checks.runner import GateConfig
 from paritykit.engine.builtin_models import DataSpec, ModelSpec, batches_of, builtin_setup
 from paritykit.engine.pipeline_accumulation import accumulate_plainly
@@ -179,6 +179,9 @@ def test_the_known_broken_comparisons_fail_with_diverged_replicas_and_are_listed
     # A loop that stops at the first None trains only the first epoch's 3 batches.
     with pytest.raises(ParityError, match="staged:two_epochs ran 3 steps but plain.staged. ran 6"):
         staged(rank_pool, setup, DEFAULT_SEMI_SYNC_BOUNDS, (("staged:two_epochs", StagedDrive(epochs=2, refill_between_epochs=False)),))
+    # The stopped eval pipeline's thread cannot be joined (its _stop flag shadows Thread._stop).
+    with pytest.raises(ParityError, match=r"DataLoadingThread.join\(\) of the stopped pipeline's thread raised TypeError"):
+        stopped_eval_joined(rank_pool, setup)
     listed = [issue for issue in load_known_issues() if issue.check == "pipeline"]
     for name in known_broken_bodies(CONFIG, 2):
         assert any(fnmatch.fnmatch(f"ws2/{name}", issue.case) for issue in listed), name

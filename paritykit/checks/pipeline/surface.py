@@ -33,6 +33,7 @@ from paritykit.checks.pipeline.surface_runs import (
     lifecycle,
     semi_sync_staleness,
     staged,
+    stopped_eval_joined,
 )
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
@@ -102,6 +103,8 @@ def known_broken_bodies(config: GateConfig, world_size: int) -> dict[str, Callab
         # A training loop that stops at the first None: the second epoch trains nothing.
         "known-broken staged-pipeline-next-epoch-returns-none": lambda pool: staged(
             pool, dlrm(), DEFAULT_SEMI_SYNC_BOUNDS, (("staged:two_epochs", StagedDrive(epochs=2, refill_between_epochs=False)),)),
+        # EvalPipelineSparseDist stopped mid-epoch, then its thread joined.
+        "known-broken data-loading-thread-join": lambda pool: stopped_eval_joined(pool, dlrm()),
     }
 
 

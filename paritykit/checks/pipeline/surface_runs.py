@@ -39,7 +39,7 @@ from paritykit.engine.pipeline_semisync import StaleLookupDrive
 from paritykit.engine.pipeline_staged import StagedDrive
 from paritykit.engine.tolerances import default_tolerance, tolerance_for
 from paritykit.engine.training import TrainingSetup
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, NothingCompared
 
 EXACT_EVAL = "an eval pipeline promises the model's eval forward of every batch, exactly as the plain eval loop"
 ANCHOR = "the plain loop over the sharded model must match the unsharded model"
@@ -97,6 +97,15 @@ def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
         assert_identical(expected, record, ("plain:eval", name), EXACT_EVAL)
         metrics[name] = {"steps": len(record.outputs)}
     return metrics
+
+
+def stopped_eval_joined(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """EvalPipelineSparseDist stopped mid-epoch by reset(), then its threads joined (known broken)."""
+    if "eval:sparse_dist" not in available(EVAL):
+        raise NothingCompared("this torchrec has no EvalPipelineSparseDist")
+    name = "eval:sparse_dist[reset mid-epoch, joined]"
+    record = run_driven(pool, setup, StoppedEvalDrive(EVAL_STOP_AFTER, join=True), name)
+    return {name: {"steps": len(record.outputs)}}
 
 
 def _prefix(expected: Any, steps: int, drive: EvalDrive) -> Any:

@@ -273,4 +273,9 @@ def surface_cases(world_size: int) -> tuple[SurfaceCase, ...]:
     plan = {"t0": ("table_wise", last), "t1": ("column_wise", (0, last, 0)), "t2": ("row_wise",)}
     ebc = _ebc(world_size, plan, 70, "adagrad", tables=_tables(12))
     ec = ShardingCase("ec", world_size, _tables(12), plan, need_indices=True, seed=71, steps=_steps(world_size, 1))
-    return (SurfaceCase(ebc), SurfaceCase(ebc, output_dtensor=True), SurfaceCase(ec, model="module", output_dtensor=True))
+    # Dense kernels (one TBE per sharding type holding every table's slices as parameters): rank 0's
+    # column-wise TBE holds t1's two shards, then t2's, so t2's parameter comes after a table seen twice.
+    dense_plan = {"t0": ("table_wise", last), "t1": ("column_wise", (0, last, 0)), "t2": ("column_wise", (0, last))}
+    dense = _ebc(world_size, dense_plan, 72, "sgd", tables=_tables(12), kernel="dense")
+    return (SurfaceCase(ebc), SurfaceCase(ebc, output_dtensor=True), SurfaceCase(ec, model="module", output_dtensor=True),
+            SurfaceCase(dense))

@@ -238,7 +238,7 @@ def narrow_column_shards_case() -> PlanHelperCase:
     return PlanHelperCase(2, 2, (("t0", 10, 12),), {"t0": ("column_wise", (0, 1))})
 
 
-# Column counts that the ranks do not divide: one short of even, one over, and 3 ranks on 16 (the CW [0, 1, 0] shape).
+# Columns the ranks do not divide: odd on 2 ranks, 10 and 16 on 3 ([0, 1, 0] and [1, 0, 1]), 12 on 5.
 UNEVEN_COLUMNS = ((7, (0, 1)), (10, (0, 1, 0)), (16, (1, 0, 1)), (12, (0, 1, 2, 3, 0)))
 
 # Not ShardingType values; both sort after "grid_shard" and before it (a string compare is not a match).

@@ -1,8 +1,9 @@
 """The sharding check's block about how a plan and a table's configuration reach the shards, all
 against paritykit's own oracles: torchrec's ``sharding_plan`` helpers as users call them against
 paritykit's shard layout (drawn in the caller, no ranks: cheap, so five times the examples), the
-helpers' refusals (an unknown sharding type, columns that the ranks do not divide), and configured weight-init bounds on never-loaded
-shards of every sharding type (on the largest world size of the run)."""
+helpers' refusals (an unknown sharding type, columns the ranks do not divide), and configured
+weight-init bounds on never-loaded shards of every sharding type (on the largest world size of the
+run)."""
 
 from __future__ import annotations
 
