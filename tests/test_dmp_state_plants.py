@@ -120,8 +120,10 @@ def _comparable(value):
 
 def test_the_surface_cases_compare_names_state_and_loose_loads():
     cases = surface_cases(2)
-    assert [case.output_dtensor for case in cases] == [False, True, True]
+    assert [case.output_dtensor for case in cases] == [False, True, True, False]
     assert {case.base.module for case in cases} == {"ebc", "ec"}
+    # The last one on dense kernels: rank 0's column-wise TBE holds t1's two shards, then t2's.
+    assert {cases[-1].base.kernel_of(t.name) for t in cases[-1].base.tables} == {"dense"}
 
 
 def test_a_printout_that_raises_or_leaves_out_a_lookup_or_submodule_is_caught():

@@ -25,8 +25,8 @@ from paritykit.harness.versions import installed_versions
 
 ROOT = Path(__file__).resolve().parent.parent
 REPROS = ROOT / "repros"
-ALLOWED_IMPORTS = {"argparse", "dataclasses", "datetime", "json", "math", "os", "sys", "tempfile", "traceback", "zlib",
-                   "torch", "torchrec", "tensordict"}
+ALLOWED_IMPORTS = {"argparse", "dataclasses", "datetime", "json", "math", "os", "sys", "tempfile", "threading", "time",
+                   "traceback", "zlib", "torch", "torchrec", "tensordict"}
 ENTRIES = {issue.id: issue for issue in known_issues.load() if issue.id}
 GENERATED = {i for i, k in known_configurations.registered().items() if k.reproduction is not None}
 HANDWRITTEN = sorted(set(ENTRIES) - GENERATED)

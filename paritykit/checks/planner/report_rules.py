@@ -42,12 +42,15 @@ def recorder() -> Any:
 
 @contextlib.contextmanager
 def captured_stats_table() -> Iterator[list[str]]:
-    """The rows torchrec's EmbeddingStats logs while the block runs, kept out of the user's log."""
+    """The rows of the table torchrec's EmbeddingStats logs while the block runs (its lines that open
+    with the table's '#'; other messages of the module are not the table), kept out of the user's log."""
     rows: list[str] = []
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            rows.append(record.getMessage())
+            message = record.getMessage()
+            if message.startswith("#"):
+                rows.append(message)
 
     logger = logging.getLogger(STATS_LOGGER)
     saved = (logger.level, logger.propagate)
@@ -64,8 +67,8 @@ def captured_stats_table() -> Iterator[list[str]]:
 
 
 def frame_problems(rows: list[str]) -> list[str]:
-    """Rows of the table that break its box: unframed, or wider or narrower than the top border
-    while their text fits."""
+    """Rows of the table that break its box: not closed by '#', or wider or narrower than the top
+    border while their text fits."""
     if not rows:
         return ["EmbeddingStats logged no table"]
     width = len(rows[0])
