@@ -30,7 +30,7 @@ from torch import nn
 
 from paritykit.engine.resharding import reshard
 from paritykit.errors import HarnessError
-from paritykit.harness.dmp import leaf_parameters
+from paritykit.harness.dmp import dense_parameters
 
 # The hyper-parameters fbgemm's update_hyper_parameters takes that the reference's optimizers share.
 HYPER_PARAMETERS = ("lr", "eps")
@@ -169,10 +169,7 @@ class DmpOptions:
         return dmp.copy(device) if self.copy else dmp
 
     def dense_parameters(self, dmp: nn.Module) -> dict[str, nn.Parameter]:
-        from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-        named = dmp.bare_named_parameters() if self.dense_from_bare else dmp.named_parameters()
-        return leaf_parameters(in_backward_optimizer_filter(named))
+        return dense_parameters(dmp, bare=self.dense_from_bare)
 
     def before_step(self, dmp: nn.Module, step: int) -> None:
         if self.reshard is not None and step == self.reshard.before_step:

@@ -64,7 +64,7 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
     the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths."""
     by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
     different = _different_paths(by_speed, paths) if paths else []
-    chosen: list[CoveredCase] = different[: max(1, limit // 2)] if different else []
+    chosen: list[CoveredCase] = different[: max(1, limit // 2)]
 
     def add(cases: list[CoveredCase]) -> None:
         chosen.extend(case for case in cases if case not in chosen)

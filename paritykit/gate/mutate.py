@@ -13,6 +13,7 @@ the line before and after, the cases run, the outcome) and survivors.md (grouped
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +69,8 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     breadth = case_breadth(covered)
-    spans = {file: list(function_spans(ast.parse((root / file).read_text()))[1].values()) for file in covered}
+    # The function spans of a file a sampled mutant lies in, parsed once (a sample touches a few files).
+    spans = functools.cache(lambda file: list(function_spans(ast.parse((root / file).read_text()))[1].values()))
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
     chosen = sample(everything, size, seed) if again is None else [mutant for mutant, _, _ in again]
     progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
@@ -92,7 +94,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
             outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, detail="no passing case runs its line")
         else:
             lines = covered[mutant.file]
-            paths = function_paths(lines, innermost_function(spans[mutant.file], mutant.line))
+            paths = function_paths(lines, innermost_function(spans(mutant.file), mutant.line))
             picked = choose_cases(lines[mutant.line], max_cases, breadth, paths)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
             outcome = run_mutant(mutant, change, root, picked, gate, limit)

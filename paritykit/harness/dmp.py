@@ -107,11 +107,13 @@ def submodules_by_name(dmp: nn.Module, names: list[str]) -> dict[str, nn.Module]
     return {name: found[name] for name in names}
 
 
-def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
-    """Parameters no fused optimizer trains: dense layers, dense-kernel and data-parallel tables."""
+def dense_parameters(dmp: nn.Module, bare: bool = False) -> dict[str, nn.Parameter]:
+    """Parameters no fused optimizer trains: dense layers, dense-kernel and data-parallel tables
+    (``bare``: as DMP's ``bare_named_parameters`` lists them, without its wrappers' prefixes)."""
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    return leaf_parameters(in_backward_optimizer_filter(dmp.named_parameters()))
+    named = dmp.bare_named_parameters() if bare else dmp.named_parameters()
+    return leaf_parameters(in_backward_optimizer_filter(named))
 
 
 def leaf_parameters(named: Any) -> dict[str, nn.Parameter]:

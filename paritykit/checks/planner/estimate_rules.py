@@ -1,8 +1,8 @@
 """What the planner's estimates of every sharding option must mean, whatever their calibration (the
-rules; planning.estimate_problems applies them): the options torchrec's EmbeddingEnumerator proposes for the case's tables (under the user's constraints,
-and with none: every type and kernel), with its default perf and storage estimators, on the case's
-hosts for CPU ranks and for GPU ranks (planning only: nothing runs on a GPU), at the planner's
-default batch size and at twice that.
+rules; planning.estimate_problems applies them): the options torchrec's EmbeddingEnumerator proposes
+for the case's tables (under the user's constraints, and with none: every type and kernel), with its
+default perf and storage estimators, on the case's hosts for CPU ranks and for GPU ranks (planning
+only: nothing runs on a GPU), at the planner's default batch size and at twice that.
 
 - every perf component is finite and not negative;
 - time is bytes moved over a bandwidth, and every byte a shard computes on or sends in a step is one
@@ -51,10 +51,10 @@ def single_problems(options: list[Any], device: str) -> list[str]:
             bad = [c for c in PERF_COMPONENTS if not math.isfinite(getattr(shard.perf, c)) or getattr(shard.perf, c) < 0]
             if bad:
                 problems.append(f"{where}: perf {', '.join(f'{c}={getattr(shard.perf, c)}' for c in bad)}")
-            held = shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0)
-            if held < _storage_least(option, shard):
+            held, least = shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0), _storage_least(option, shard)
+            if held < least:
                 problems.append(f"{where}: storage {held} bytes, less than its weights"
-                                + (" and one rank's pooled output" if option.is_pooled else "") + f" ({_storage_least(option, shard)} bytes)")
+                                + (" and one rank's pooled output" if option.is_pooled else "") + f" ({least} bytes)")
     return problems
 
 

@@ -16,7 +16,7 @@ import logging
 import re
 from typing import Any, Iterator
 
-from paritykit.checks.planner.estimate_rules import single_problems
+from paritykit.checks.planner.estimate_rules import PERF_COMPONENTS, single_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
 # every supported stack): it may be one character wider than the border.
@@ -27,7 +27,7 @@ PRINTED_PERF_UNIT = 1e-3
 
 
 def recorder() -> Any:
-    """A torchrec ``Stats`` that keeps the plan the planner chose (``best_plan``) and its batch size."""
+    """A torchrec ``Stats`` that keeps the plan the planner chose (``best_plan``)."""
     from torchrec.distributed.planner.types import Stats
 
     class PlanRecorder(Stats):
@@ -86,14 +86,13 @@ def frame_problems(rows: list[str]) -> list[str]:
 
 def perf_per_rank(best_plan: list[Any]) -> dict[int, dict[str, float]]:
     """Each rank's perf components: the sum over the plan's shards on that rank."""
-    components = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
     ranks: dict[int, dict[str, float]] = {}
     for option in best_plan:
         for shard in option.shards:
             if shard.perf is None or shard.rank is None:
                 continue
-            into = ranks.setdefault(shard.rank, dict.fromkeys(components, 0.0))
-            for component in components:
+            into = ranks.setdefault(shard.rank, dict.fromkeys(PERF_COMPONENTS, 0.0))
+            for component in PERF_COMPONENTS:
                 into[component] += getattr(shard.perf, component)
     return ranks
 
@@ -112,8 +111,7 @@ def perf_figure_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
     ranks = perf_per_rank(best_plan)
     if not ranks:
         return ["the planner's plan carries no perf estimate on any shard"]
-    components = next(iter(ranks.values())).keys()
-    expected = {"Sum of Maxima": sum(max(perf[c] for perf in ranks.values()) for c in components),
+    expected = {"Sum of Maxima": sum(max(perf[c] for perf in ranks.values()) for c in PERF_COMPONENTS),
                 "Maximum of Total Perf": max(sum(perf.values()) for perf in ranks.values())}
     problems = []
     for label, value in expected.items():
