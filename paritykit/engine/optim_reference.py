@@ -132,6 +132,8 @@ def train_wrapped_reference(setup: TrainingSetup, wrapping: OptimizerWrapping, d
     if wrapping.warmup is not None:
         _set_lrs(optimizers, scheduled_lr(wrapping.warmup, 0))
     scales = gradient_scales(model, placements, setup.world_size, division)
+    # Clipping sees the parameters its optimizers train (a dense layer no group takes is left out).
+    clipped = [p for params in group_parameters(wrapping.dense, dense_named) for p in params.values()]
     probe = EmbeddingProbe({name: model.get_submodule(name) for name in setup.embedding_module_names})
     outputs, losses, embeddings, norms, lrs = [], [], [], [], []
     for step, step_batches in enumerate(setup.batches):
@@ -148,7 +150,7 @@ def train_wrapped_reference(setup: TrainingSetup, wrapping: OptimizerWrapping, d
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(scales[id(param)])
-        norms.append(_clip(wrapping, list(dense_named.values())))
+        norms.append(_clip(wrapping, clipped))
         for optimizer in optimizers.values():
             optimizer.step()
         if wrapping.warmup is not None:

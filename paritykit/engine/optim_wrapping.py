@@ -31,14 +31,15 @@ DENSE_CLASSES = {
     "adam": "torch.optim.Adam",
     "rowwise_adagrad": "torchrec.optim.rowwise_adagrad.RowWiseAdagrad",
 }
-SELECTIONS = ("all", "matrices", "vectors")
+SELECTIONS = ("all", "matrices", "vectors", "tables")
 POLICIES = ("linear", "constant", "poly", "step", "inv_sqrt", "cosine_annealing_warm_restarts", "interpolate", "none")
 
 
 @dataclass(frozen=True)
 class DenseGroup:
     """One dense optimizer over the parameters no fused optimizer trains: ``selects`` "all",
-    "matrices" (2-D: tables, linear weights) or "vectors" (every other: biases, empty placeholders)."""
+    "matrices" (2-D: tables, linear weights), "vectors" (every other: biases, empty placeholders) or
+    "tables" (embedding tables only: the dense layers are then trained by nobody)."""
 
     name: str
     optimizer: str = "sgd"
@@ -52,7 +53,9 @@ class DenseGroup:
         if self.selects not in SELECTIONS:
             raise HarnessError(f"dense group {self.name!r}: selects must be one of {SELECTIONS}, got {self.selects!r}")
 
-    def takes(self, param: torch.Tensor) -> bool:
+    def takes(self, name: str, param: torch.Tensor) -> bool:
+        if self.selects == "tables":
+            return ".embedding_bags." in f".{name}"
         return self.selects == "all" or (param.dim() == 2) == (self.selects == "matrices")
 
     def arguments(self) -> dict[str, Any]:
@@ -172,7 +175,7 @@ def group_parameters(groups: tuple[DenseGroup, ...], named: dict[str, torch.nn.P
     taken: set[str] = set()
     out = []
     for group in groups:
-        chosen = {name: p for name, p in named.items() if name not in taken and group.takes(p)}
+        chosen = {name: p for name, p in named.items() if name not in taken and group.takes(name, p)}
         taken |= set(chosen)
         out.append(chosen)
     return out

@@ -12,6 +12,10 @@ training loop's epochs): the pipeline must take the new data, not stay exhausted
 drive calls ``flush_end()`` (the pipeline refills from the new iterator) unless ``refill_between_epochs``
 is off: then the first ``progress()`` of the next epoch returns None while the pipeline refills, which
 torchrec documents as "the iterator is depleted" (known issue ``staged-pipeline-next-epoch-returns-none``).
+``detach_after`` detaches the model after that many steps (``SparseDataDistUtil.detach()``, batches
+still in flight), trains it on one batch outside the pipeline (the first batch again), and goes on
+with ``progress()``, which re-attaches it: torchrec documents that the in-flight batches are kept and
+that the detached model trains like the one given to the pipeline.
 
 The plain loop it is held to is ``StagedDrive(plain=True)``: the same transform, then zero_grad,
 forward, backward and step on every batch in order.
@@ -63,10 +67,14 @@ class StagedDrive:
     plain: bool = False
     epochs: int = 1
     refill_between_epochs: bool = True
+    detach_after: int | None = None
 
     def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
         if self.plain:
-            return [train_step(model, optimizer, scale_dense_features(batch)) for batch in batches]
+            order = list(batches)
+            if self.detach_after is not None:
+                order.insert(self.detach_after, batches[0])
+            return [train_step(model, optimizer, scale_dense_features(batch)) for batch in order]
         from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage, SparseDataDistUtil
         from torchrec.distributed.train_pipeline.train_pipelines import StagedTrainPipeline
 
@@ -88,16 +96,24 @@ class StagedDrive:
             for start, end in zip(cuts, cuts[1:]):
                 if start and self.refill_between_epochs:
                     pipeline.flush_end()
-                outputs += self._train(pipeline, model, optimizer, iter(batches[start:end]), end - start)
+                outputs += self._train(pipeline, model, optimizer, iter(batches[start:end]), end - start,
+                                       lambda: self._detached_step(sdd, model, optimizer, batches[0], device))
         finally:
             sdd.detach()
         return outputs
 
-    def _train(self, pipeline: Any, model: Any, optimizer: Any, data: Any, count: int) -> list[Any]:
+    @staticmethod
+    def _detached_step(sdd: Any, model: Any, optimizer: Any, batch: Any, device: torch.device) -> Any:
+        sdd.detach()
+        return train_step(model, optimizer, scale_dense_features(_to_device(batch, device)))
+
+    def _train(self, pipeline: Any, model: Any, optimizer: Any, data: Any, count: int, detached_step: Any) -> list[Any]:
         outputs: list[Any] = []
-        while len(outputs) <= count + EXTRA_STEPS_ALLOWED:
+        while len(outputs) <= count + EXTRA_STEPS_ALLOWED + (self.detach_after is not None):
             if self.flush_after is not None and len(outputs) == self.flush_after:
                 pipeline.set_flush(True)
+            if len(outputs) == self.detach_after:
+                outputs.append(detached_step())
             batch = pipeline.progress(data)
             if batch is None:
                 return outputs

@@ -53,10 +53,14 @@ class ScheduleCase:
     steps: int
     resume_at: int | None = None
     seed: int = 0
+    # The warm-up wraps some parameters' optimizer inside a CombinedOptimizer beside a plain SGD on
+    # the rest (a warm-up for one optimizer of several); the user saves and loads the combined one.
+    in_combined: bool = False
 
     def case_id(self) -> str:
         resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
-        return f"dense {self.warmup.describe()} steps={self.steps}{resume} seed={self.seed}"
+        where = " inside a CombinedOptimizer" if self.in_combined else ""
+        return f"dense {self.warmup.describe()}{where} steps={self.steps}{resume} seed={self.seed}"
 
 
 @dataclass(frozen=True)
@@ -118,33 +122,51 @@ def run_row_wise(case: RowWiseCase) -> dict[str, Any]:
     return {"compared": case.steps * len(theirs) + _check("accumulators", state, expected, case.case_id())}
 
 
-def _schedule_wrapper(case: ScheduleCase, params: dict[str, torch.nn.Parameter]):
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
+# The plain SGD's lr beside a warm-up inside a CombinedOptimizer.
+UNSCHEDULED_LR = 0.05
+
+
+def _warmed_names(case: ScheduleCase, params: dict[str, torch.nn.Parameter]) -> list[str]:
+    names = list(params)
+    return names[: len(names) // 2] if case.in_combined else names
+
+
+def _schedule_wrapper(case: ScheduleCase, params: dict[str, torch.nn.Parameter]) -> tuple[Any, Any]:
+    """(what the user steps, saves and loads; the WarmupOptimizer)."""
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.warmup import WarmupOptimizer
 
-    inner = KeyedOptimizerWrapper(dict(params), lambda ps: torch.optim.SGD(ps, lr=case.warmup.lr))
-    return WarmupOptimizer(inner, warmup_stages(case.warmup), lr=case.warmup.lr)
+    warmed = {n: params[n] for n in _warmed_names(case, params)}
+    inner = KeyedOptimizerWrapper(warmed, lambda ps: torch.optim.SGD(ps, lr=case.warmup.lr))
+    warmup = WarmupOptimizer(inner, warmup_stages(case.warmup), lr=case.warmup.lr)
+    if not case.in_combined:
+        return warmup, warmup
+    rest = {n: p for n, p in params.items() if n not in warmed}
+    plain = KeyedOptimizerWrapper(rest, lambda ps: torch.optim.SGD(ps, lr=UNSCHEDULED_LR))
+    return CombinedOptimizer([("warm", warmup), ("plain", plain)]), warmup
 
 
 def run_schedule(case: ScheduleCase) -> dict[str, Any]:
     theirs, ours = _params(case.seed), _params(case.seed)
-    wrapper = _schedule_wrapper(case, theirs)
-    reference = torch.optim.SGD(list(ours.values()), lr=scheduled_lr(case.warmup, 0))
+    stepped, warmup = _schedule_wrapper(case, theirs)
+    warmed = _warmed_names(case, ours)
+    reference = torch.optim.SGD(
+        [{"params": [ours[n] for n in warmed], "lr": scheduled_lr(case.warmup, 0)},
+         {"params": [p for n, p in ours.items() if n not in warmed], "lr": UNSCHEDULED_LR}])
     for step in range(case.steps):
         if step == case.resume_at:
-            saved = wrapper.state_dict()
-            wrapper = _schedule_wrapper(case, theirs)
-            wrapper.init_state()
-            wrapper.load_state_dict(saved)
+            saved = stepped.state_dict()
+            stepped, warmup = _schedule_wrapper(case, theirs)
+            stepped.init_state()
+            stepped.load_state_dict(saved)
         want = scheduled_lr(case.warmup, step)
-        got = [group["lr"] for group in wrapper.param_groups]
+        got = [group["lr"] for group in warmup.param_groups]
         if any(abs(lr - want) > 1e-12 * max(abs(want), 1.0) for lr in got):
             raise ParityError(f"{case.case_id()}: step {step} trained with lr {got}, the schedule says {want!r}")
-        for group in reference.param_groups:
-            group["lr"] = want
+        reference.param_groups[0]["lr"] = want
         for name, grad in _grads(case.seed, step, theirs).items():
             theirs[name].grad, ours[name].grad = grad.clone(), grad.clone()
-        wrapper.step()
+        stepped.step()
         reference.step()
     _check("parameters after the last step", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
     return {"steps": case.steps, "lrs_compared": case.steps}

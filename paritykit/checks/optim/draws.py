@@ -144,6 +144,7 @@ def dense_cases(draw: Any) -> Any:
     if kind == "schedule":
         warmup = draw(warmup_stage_list(first_may_be_inv_sqrt=True))
         steps = warmup.stages[-1].max_iters + draw(st.integers(1, 3))
-        return repair(ScheduleCase(warmup, steps, resume_at=draw(st.none() | st.integers(1, steps - 1)), seed=seed))
+        return repair(ScheduleCase(warmup, steps, resume_at=draw(st.none() | st.integers(1, steps - 1)), seed=seed,
+                                   in_combined=draw(st.booleans())))
     return KeyedCase((draw(st.sampled_from((0.5, 1.0, 2.0))), draw(st.sampled_from((0.5, 2.0)))),
                      resume_at=draw(st.integers(1, 3)), seed=seed)

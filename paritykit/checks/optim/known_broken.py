@@ -119,10 +119,12 @@ def repair(case: Any) -> Any:
 def known_broken_cases(world_size: int) -> dict[str, Any]:
     """A minimal reproduction of every rule (sharded ones at ``world_size``)."""
     last = world_size - 1
-    round_trip = pinned_cases(world_size)[-1]
+    pinned = {case.label: case for case in pinned_cases(world_size)}
+    round_trip, warm_up, fused_eps = (pinned["state_dict round trip into fresh wrappers, clipping as a safety net"],
+                                      pinned["warm-up stages"], pinned["clip norm 2 across ranks, fused eps updated"])
     return {
         "warmup-resume-through-combined-optimizer": dataclasses.replace(
-            pinned_cases(world_size)[3], wrapping=dataclasses.replace(pinned_cases(world_size)[3].wrapping, resume_at=3),
+            warm_up, wrapping=dataclasses.replace(warm_up.wrapping, resume_at=3),
             label="warm-up resumed from its state dict"),
         # A dense table on each end of the world: every rank holds a placeholder and fails alike
         # (no rank is left waiting in a collective, so the pool keeps its ranks).
@@ -130,8 +132,8 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
             round_trip, plan={**round_trip.plan, "t0": ("table_wise", 0), "t1": ("table_wise", last)},
             label="resumed with dense tables on one rank each"),
         "update-hyper-parameters-lr-lost": dataclasses.replace(
-            pinned_cases(world_size)[0], wrapping=dataclasses.replace(
-                pinned_cases(world_size)[0].wrapping, hyper_parameter_changes=(HyperParameterChange(1, (("lr", 0.02),)),)),
+            fused_eps, wrapping=dataclasses.replace(
+                fused_eps.wrapping, hyper_parameter_changes=(HyperParameterChange(1, (("lr", 0.02),)),)),
             label="update_hyper_parameters(lr)"),
         "semi-sync-local-param-groups-not-restored": SemiSyncCase(3, 0.7, "adam", resume_at=4, local_lr_factor=0.5),
         "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),

@@ -48,6 +48,7 @@ def pinned_dense_cases() -> tuple:
                      ("weight_decay", 0.05)), resume_at=2),
         ScheduleCase(every_policy, 17, resume_at=5),
         ScheduleCase(WARMUP, 8),
+        ScheduleCase(WARMUP, 8, resume_at=3, in_combined=True),
         ScheduleCase(Warmup((WarmupStageSpec("step", 4, 0.5, decay_iters=2),), 0.2), 6),
         KeyedCase((0.5, 2.0), resume_at=2),
         SemiSyncCase(3, 0.7, "adam", resume_at=4),

@@ -17,6 +17,11 @@ SMALL = 0.05
 # Far above every gradient norm of these cases (2-11): clipping must leave the gradients alone.
 SAFETY_NET = 1000.0
 
+# t0 has one row that four features look up: its gradient sums their ids over the global batch and
+# outgrows the data-parallel table's; with only the tables trained (and clipped), the inf norm's
+# maximum lies on t0's rank alone, and the other rank learns it only from the all-reduce.
+HOT_TABLES = (TableSpec("t0", 1, 8, ("f0", "f4", "f5", "f6")),) + TABLES[1:]
+
 
 def _plan(last: int) -> dict[str, tuple]:
     return {"t0": ("row_wise",), "t1": ("column_wise", (0, last)), "t2": ("data_parallel",), "t3": ("table_wise", last)}
@@ -38,6 +43,9 @@ def pinned_cases(world_size: int) -> tuple[OptimCase, ...]:
             dense=(DenseGroup("dense", "sgd", kwargs=(("momentum", 0.9),)),),
             clipping=Clipping("norm", SMALL, math.inf, across_ranks=True)),
             kernels=dense_rw_cw, embedding_optimizer="rowwise_adagrad", seed=2, label="clip inf norm across ranks"),
+        OptimCase(world_size, HOT_TABLES, {**_plan(last), "t0": ("table_wise", 0)}, OptimizerWrapping(
+            dense=(DenseGroup("tables", "sgd", selects="tables"),), clipping=Clipping("norm", SMALL, math.inf, across_ranks=True)),
+            kernels=dense_rw_cw, seed=7, label="clip inf norm across ranks, the largest gradient in one rank's table"),
         OptimCase(world_size, TABLES, _plan(last), OptimizerWrapping(
             dense=(DenseGroup("dense", "adagrad"),), clipping=Clipping("value", 0.02)),
             kernels={"t1": "dense"}, seed=3, label="clip value"),

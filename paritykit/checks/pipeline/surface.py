@@ -8,7 +8,7 @@ crosses ranks).
 | ``nested/postproc-and-tracing`` | KJTs in a dict and a list, one behind a post-processing module | the same |
 | ``dlrm/eval-pipelines`` | the eval pipelines, a flaky dataloader | the plain eval loop (exact), anchored to the unsharded eval forward; state untouched |
 | ``dlrm/gradient-accumulation`` | GradientAccumulationWrapper, two epochs | the plain accumulating loop |
-| ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, two epochs, lookup ahead | the plain loop |
+| ``dlrm/staged`` | StagedTrainPipeline + SparseDataDistUtil, flushed, two epochs, lookup ahead, detached and re-attached | the plain loop |
 | ``dlrm/lifecycle`` | detach, attach, reset, a next epoch; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
 | ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 1, six batches | the plain loop with one-step-stale lookups, exactly |

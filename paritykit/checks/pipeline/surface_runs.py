@@ -146,13 +146,18 @@ def _accumulation_warmup(pool: Any, setup: TrainingSetup, tolerance: Any) -> dic
 
 
 STAGED_DRIVES = (("staged", StagedDrive()), ("staged:flush", StagedDrive(flush_after=2)),
-                 ("staged:two_epochs", StagedDrive(epochs=2)), ("staged:lookup_ahead", StagedDrive(lookup_ahead=True)))
+                 ("staged:two_epochs", StagedDrive(epochs=2)), ("staged:lookup_ahead", StagedDrive(lookup_ahead=True)),
+                 ("staged:detach_reattach", StagedDrive(detach_after=2)))
 
 
 def staged(pool: Any, setup: TrainingSetup, semi_sync_bounds: Any, drives: tuple = STAGED_DRIVES) -> dict[str, Any]:
-    plain = run_driven(pool, setup, StagedDrive(plain=True), "plain[staged]")
+    plains: dict[int | None, Any] = {}
     metrics = {}
     for name, drive in drives:
+        if drive.detach_after not in plains:
+            plains[drive.detach_after] = run_driven(pool, setup, StagedDrive(plain=True, detach_after=drive.detach_after),
+                                                    "plain[staged]")
+        plain = plains[drive.detach_after]
         record = run_driven(pool, setup, drive, name)
         if drive.lookup_ahead:
             # The lookup of batch i+1 runs before batch i's backward: semi-synchronous from batch 1 on.

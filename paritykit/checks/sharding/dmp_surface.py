@@ -14,11 +14,15 @@ sharding, its names and its seeded weights):
 - the printout (``print(model)``, as the tutorial does): it must not raise, must name each of the
   unsharded module's submodules, and each sharded module's lookups (its documented extra_repr);
 - with ``output_dtensor`` (torchrec's ShardingEnv option), EBC and EC: the state dict's tables are
-  DTensors whose local shards put together equal the unsharded weights, and the round trip above.
+  DTensors whose local shards put together equal the unsharded weights, and the round trip above;
+  every DTensor of the model's and the fused optimizer's state holds a local tensor
+  (``LocalShardsWrapper``) exactly as large as its local shards together (row-wise optimizer state
+  of two column shards on one rank included).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +147,33 @@ def surface_on_rank(setup: TrainingSetup, output_dtensor: bool) -> dict[str, Any
         "loose": {bad: _load_outcome(fresh, state, False) for bad, state in spoiled_states(saved, missing_key(saved)).items()},
         "strict": {bad: _load_outcome(fresh, state, None) for bad, state in spoiled_states(saved, missing_key(saved)).items()},
         "printout": printout_of(dmp),
+        "wrappers": wrapper_sizes(saved) + wrapper_sizes(dmp.fused_optimizer.state_dict()["state"], "optimizer "),
     }
+
+
+def wrapper_sizes(state: Any, prefix: str = "") -> list[tuple[str, tuple[int, ...], list[tuple[int, ...]]]]:
+    """(key, the DTensor's local tensor's shape, its local shards' shapes) of every DTensor in a
+    nested state dict whose local tensor holds shards."""
+    found = []
+    for key, value in state.items():
+        if isinstance(value, dict):
+            found += wrapper_sizes(value, f"{prefix}{key}/")
+        elif type(value).__name__ == "DTensor" and hasattr(value.to_local(), "local_shards"):
+            local = value.to_local()
+            found.append((f"{prefix}{key}", tuple(local.shape), [tuple(shard.shape) for shard in local.local_shards()]))
+    return found
+
+
+def wrapper_problems(per_rank: list[dict[str, Any]]) -> list[str]:
+    """A local tensor must be as large as its shards together (whichever dimension they are stacked on)."""
+    problems = []
+    for rank, record in enumerate(per_rank):
+        for key, shape, shards in record["wrappers"]:
+            held = sum(math.prod(s) for s in shards)
+            if math.prod(shape) != held or any(len(s) != len(shape) for s in shards):
+                problems.append(f"rank {rank}: {key!r}: the DTensor's local tensor has shape {shape}, its local shards "
+                                f"{shards} ({held} elements)")
+    return problems
 
 
 def printout_of(dmp: torch.nn.Module) -> dict[str, Any]:
@@ -212,7 +242,8 @@ def run_surface_case(case: SurfaceCase, pool: Any) -> dict[str, Any]:
     """ParityError naming the rank, the name or the tensor element at fault; else what was compared."""
     setup = surface_setup(case, pool.device)
     per_rank = pool.call(surface_on_rank, (setup, case.output_dtensor), case=case.case_id())
-    problems = names_problems(setup, per_rank) + state_problems(case, setup, per_rank) + printout_problems(setup, per_rank)
+    problems = (names_problems(setup, per_rank) + state_problems(case, setup, per_rank) + printout_problems(setup, per_rank)
+                + wrapper_problems(per_rank))
     expected_loose = unsharded_outcomes(setup, False, per_rank[0]["missing_key"])
     problems += [f"rank {rank}: load_state_dict(strict=False) {record['loose']} where the unsharded module {expected_loose}"
                  for rank, record in enumerate(per_rank) if record["loose"] != expected_loose]
@@ -277,5 +308,8 @@ def surface_cases(world_size: int) -> tuple[SurfaceCase, ...]:
     # column-wise TBE holds t1's two shards, then t2's, so t2's parameter comes after a table seen twice.
     dense_plan = {"t0": ("table_wise", last), "t1": ("column_wise", (0, last, 0)), "t2": ("column_wise", (0, last))}
     dense = _ebc(world_size, dense_plan, 72, "sgd", tables=_tables(12), kernel="dense")
+    # Row-wise Adagrad: one accumulator row per table row and column shard, 1-D, so rank 0's state of
+    # t1 is two 1-D shards in one local tensor.
+    rowwise = _ebc(world_size, plan, 73, "rowwise_adagrad", tables=_tables(12))
     return (SurfaceCase(ebc), SurfaceCase(ebc, output_dtensor=True), SurfaceCase(ec, model="module", output_dtensor=True),
-            SurfaceCase(dense))
+            SurfaceCase(dense), SurfaceCase(rowwise, output_dtensor=True))

@@ -89,6 +89,7 @@ def pinned_cases(world_size: int, device: str) -> tuple[ShardedCase, ...]:
     mean = (TableSpec("t0", 8, 4, ("f0", "f1"), "MEAN"), TableSpec("t1", 6, 8, ("f2",)), TableSpec("t2", 7, 4, ("f3",), "MEAN"))
     # Only row-sharded tables beside a row-wise MEAN table (sharded_draw.RW_MEAN_BESIDE_OTHERS).
     ec = (TableSpec("t0", 8, 8, ("f0",)), TableSpec("t1", 6, 8, ("f1", "f2")), TableSpec("t2", 7, 8, ("f3",)))
+    ec_shared = (TableSpec("t0", 8, 8, ("f0",)), TableSpec("t1", 6, 8, ("f1", "f0")), TableSpec("t2", 7, 8, ("f2", "f3")))
     vbe_plan = {"t0": ("table_wise", last), "t1": ("column_wise", (last, 0)), "t2": ("table_wise", 0)}
     ec_vbe_plan = {"t0": ("table_wise", last), "t1": ("table_wise", 0), "t2": ("column_wise", (last, 0))}
     cases = [
@@ -101,6 +102,10 @@ def pinned_cases(world_size: int, device: str) -> tuple[ShardedCase, ...]:
                     need_indices=True, seed=23),
         pinned_case("ec", world_size, device, ec,
                     {"t0": ("table_wise", last), "t1": ("row_wise",), "t2": ("table_wise", 0)}, ec_kernel, seed=24),
+        # f0 looked up by two tables: the EC names its embeddings f0@t0 and f0@t1, and each sharding's
+        # inverse indices are found by the feature's part of that name.
+        pinned_case("ec", world_size, device, ec_shared, ec_vbe_plan, ec_kernel, variable_batch=True, one_size=True,
+                    need_indices=True, seed=27),
     ]
     if "dense" in kernels_for("ebc", device) and "data_parallel" in placements_for("ebc", device):
         cases.append(pinned_case("ebc", world_size, device, ebc_vbe,

@@ -13,10 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritykit.checks.td_kjt.batches import oracle_kjt
+from paritykit.checks.td_kjt.batches import oracle_kjt, route_input
+from paritykit.checks.td_kjt.sharded_spec import ROUTE_KJT
 from paritykit.checks.td_kjt.sharded_spec import ShardedCase
 from paritykit.checks.td_kjt.tolerances import gradient_scale
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.seeding import generator
 from paritykit.harness.sharded import gradient_division
 from paritykit.harness.tables import (
@@ -60,6 +61,25 @@ def loss_of(case: ShardedCase, step: int, rank: int, outputs: dict[str, Any]) ->
     return total
 
 
+def _expect_unsharded_vbe_expands(case: ShardedCase, step: int, rank: int, module: nn.Module, rank_batch: Any,
+                                  expanded: dict[str, Any], device: torch.device) -> None:
+    """The unsharded EBC fed the variable batch itself (with its inverse indices) must give the
+    outputs of the batch expanded by hand: the oracle above takes the expanded one, so torchrec's
+    own expansion (``process_pooled_embeddings``) is held to it here."""
+    if case.module != "ebc" or rank_batch.inverse is None:
+        return
+    with torch.no_grad():
+        outputs = outputs_by_key("ebc", module(route_input(rank_batch, ROUTE_KJT, case.form, device)))
+    for key, want in expanded.items():
+        got = outputs.get(key)
+        if got is None or got.shape != want.shape or not torch.equal(got, want.detach()):
+            shape = None if got is None else tuple(got.shape)
+            raise ParityError(f"td-kjt step {step} rank {rank}: the unsharded EBC fed the variable batch with its inverse "
+                              f"indices gives output[{key!r}] of shape {shape}, not the {tuple(want.shape)} rows of the "
+                              "same batch expanded by its inverse indices" + ("" if got is None or got.shape != want.shape
+                                                                             else f" (max abs diff {(got - want).abs().max():.3g})"))
+
+
 def reference_step(
     case: ShardedCase, step: int, rank: int, device: torch.device, learning_rate: float
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -73,6 +93,7 @@ def reference_step(
         total = loss if total is None else total + loss
         if r == rank:
             mine = outputs
+            _expect_unsharded_vbe_expands(case, step, rank, module, rank_batch, outputs, device)
     if not case.train:
         return mine, {}
     total.backward()

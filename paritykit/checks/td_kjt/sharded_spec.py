@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from paritykit.errors import HarnessError
 from paritykit.harness.plans import describe_plan, validate_plan, with_rows_for_every_rank
-from paritykit.harness.tables import TableSpec
+from paritykit.harness.tables import TableSpec, feature_names_of
 from paritykit.strategies import SparseBatch
 
 ROUTE_KJT = "kjt"
@@ -102,7 +102,8 @@ class ShardedCase:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return tuple(f for t in self.tables for f in t.feature_names)
+        """The batch's keys: every feature once, however many tables look it up."""
+        return feature_names_of(self.tables)
 
     @property
     def variable_batch(self) -> bool:
