@@ -35,6 +35,10 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
     make = model_fn(case)
     plan, report_problems = plan_case(case, make(), pool.device)
     problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems + estimate_problems(case)
+    if pool.device != "cuda":
+        # The same model planned for GPU ranks (planning needs no GPU): held to the same rules.
+        gpu_plan, gpu_report = plan_case(case, make(), "cuda")
+        problems += [f"planned for cuda: {p}" for p in plan_problems(case, gpu_plan, kernels_offered(case.module, "cuda")) + gpu_report]
     if problems:
         raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
     setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,

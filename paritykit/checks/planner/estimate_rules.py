@@ -12,7 +12,15 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   column-wise or table-column-wise option of one shard is the table-wise placement of the table, and
   on one host a table-row-wise option is the row-wise one (same shards, same transfers);
 - each shard's storage holds at least its weights (rows x columns x element size) and, for a pooled
-  table, one rank's pooled output of the batch (batch x columns x element size).
+  table, one rank's pooled output of the batch (batch x columns x element size);
+- the ids per bag (the user's pooling factor, at least 1): a sequence table (EC) outputs one vector
+  per id, so doubling them doubles every component as the batch does; a pooled table outputs one
+  vector per bag, so its transfers do not move and its compute grows, by at most twice;
+- the bags per sample (the user's num_poolings) are a batch of their own: doubling them doubles every
+  component as the batch does;
+- a placement holds each row of its table once (a data-parallel table once per rank): with no
+  optimizer state to hold, doubling the rows adds exactly their bytes to its shards together, and at
+  least that with a cache in front of them (the UVM-caching kernel).
 
 The constants of the cost model (bandwidths, penalties) are calibration, not meaning: no rule here
 pins them (docs/planner.md).
@@ -60,23 +68,93 @@ def single_problems(options: list[Any], device: str) -> list[str]:
 
 def batch_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
     """Components that do not double with the batch (the data-parallel all-reduce: do not move)."""
-    key = lambda option: (option.name, option.sharding_type, option.compute_kernel, len(option.shards))  # noqa: E731
-    doubled = {key(option): option for option in double}
+    return _ratio_problems(single, double, device, "the batch", _like_batch)
+
+
+def _key(option: Any) -> tuple:
+    return (option.name, option.sharding_type, option.compute_kernel, len(option.shards))
+
+
+def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str, expected: Any) -> list[str]:
+    """Components of the options in ``double`` (``what`` doubled) against ``expected(option,
+    component, before)``: the (low, high) bounds of the component after, or None where it is free."""
+    doubled = {_key(option): option for option in double}
     problems = []
     for option in single:
-        other = doubled.get(key(option))
+        other = doubled.get(_key(option))
         if other is None:
-            problems.append(f"{_option_name(option, device)}: proposed at batch {option.batch_size}, not at {2 * option.batch_size}")
+            problems.append(f"{_option_name(option, device)}: proposed before {what} doubled, not after")
             continue
         for shard, twice in zip(option.shards, other.shards):
             for component in PERF_COMPONENTS:
                 before, after = getattr(shard.perf, component), getattr(twice.perf, component)
-                fixed = option.sharding_type == "data_parallel" and component == "bwd_comms"
-                expected = before if fixed else 2 * before
-                if abs(after - expected) > LINEAR_TOLERANCE * max(abs(expected), abs(after)):
+                bounds = expected(option, component, before)
+                if bounds is None:
+                    continue
+                low, high = bounds
+                slack = LINEAR_TOLERANCE * max(abs(low), abs(high), abs(after))
+                if not low - slack <= after <= high + slack:
+                    want = f"{low}" if low == high else f"between {low} and {high}"
                     problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
-                                    f"{before} at batch {option.batch_size}, {after} at {other.batch_size} "
-                                    f"(expected {'the same' if fixed else 'twice'})")
+                                    f"{before}, then {after} with {what} doubled (expected {want})")
+    return problems
+
+
+def _fixed(option: Any, component: str) -> bool:
+    """The data-parallel all-reduce of the gradient: the table's size, whatever the batch."""
+    return option.sharding_type == "data_parallel" and component == "bwd_comms"
+
+
+def _like_batch(option: Any, component: str, before: float) -> tuple[float, float]:
+    return (before, before) if _fixed(option, component) else (2 * before, 2 * before)
+
+
+def pooling_factor_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
+    """Options whose estimates do not follow doubled ids per bag (a sequence table's output grows with
+    them, a pooled table's does not)."""
+
+    def expected(option: Any, component: str, before: float) -> tuple[float, float] | None:
+        if not option.is_pooled:
+            return None if component == "prefetch_compute" else _like_batch(option, component, before)
+        if component in ("fwd_comms", "bwd_comms"):
+            return before, before
+        return before, 2 * before
+
+    return _ratio_problems(single, double, device, "the ids per bag", expected)
+
+
+def num_poolings_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
+    """Options whose estimates do not double with the bags per sample (the data-parallel all-reduce:
+    do not move)."""
+    return _ratio_problems(single, double, device, "the bags per sample",
+                           lambda option, component, before: None if component == "prefetch_compute"
+                           else _like_batch(option, component, before))
+
+
+def _held(option: Any) -> int:
+    return sum(shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0) for shard in option.shards)
+
+
+def rows_problems(single: list[Any], double: list[Any], device: str, world_size: int) -> list[str]:
+    """Options whose storage grows by other than the added rows' bytes when every table's rows double
+    (``double``: the same tables, twice the rows; no optimizer)."""
+    doubled = {_key(option): option for option in double}
+    problems = []
+    for option in single:
+        other = doubled.get(_key(option))
+        if other is None:
+            problems.append(f"{_option_name(option, device)}: proposed before the rows doubled, not after")
+            continue
+        rows, columns = option.tensor.shape
+        copies = world_size if option.sharding_type == "data_parallel" else 1
+        added = copies * rows * columns * option.tensor.element_size()
+        grown = _held(other) - _held(option)
+        rounding = 2 * len(option.shards)  # each shard's size is rounded up to a byte
+        cached = option.compute_kernel == "fused_uvm_caching"
+        if grown < added - rounding or (not cached and grown > added + rounding):
+            problems.append(f"{_option_name(option, device)}: {rows} more rows of {columns} columns added {grown} bytes to its "
+                            f"{len(option.shards)} shard(s) together, expected {'at least ' if cached else ''}{added}"
+                            + (f" ({copies} copies)" if copies > 1 else ""))
     return problems
 
 

@@ -5,10 +5,12 @@ meaning)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import batch_problems, degenerate_problems, single_problems
+from paritykit.checks.planner.estimate_rules import (batch_problems, degenerate_problems, num_poolings_problems,
+                                                     pooling_factor_problems, rows_problems, single_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
 from paritykit.harness.noise import quiet_planner
 
@@ -32,6 +34,15 @@ def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
             for table, c in case.constraints}
 
 
+def traffic_constraints(case: PlannerCase, pooling_factor: float, num_poolings: float) -> dict[str, Any]:
+    """Constraints saying only how much each feature of every table is looked up: ``pooling_factor``
+    ids per bag and ``num_poolings`` bags per sample (every sharding type and kernel stays open)."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    return {t.name: ParameterConstraints(pooling_factors=[pooling_factor] * len(t.feature_names),
+                                         num_poolings=[num_poolings] * len(t.feature_names)) for t in case.tables}
+
+
 def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
     """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``,
     and what its statistics report gets wrong about that plan (report_rules.py)."""
@@ -41,26 +52,44 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
 
     chosen = recorder()
     with quiet_planner(), captured_stats_table() as rows:
-        planner = EmbeddingShardingPlanner(topology=topology(case, device), constraints=parameter_constraints(case),
+        topo = topology(case, device)
+        planner = EmbeddingShardingPlanner(topology=topo, constraints=parameter_constraints(case),
                                            stats=[EmbeddingStats(), chosen])
         plan = planner.plan(module, get_default_sharders())
-    return plan, report_problems(rows, chosen.best_plan, device)
+    return plan, report_problems(rows, chosen.best_plan, device) + capacity_problems(chosen.best_plan, topo, device)
+
+
+def capacity_problems(options: list[Any], topo: Any, device: str) -> list[str]:
+    """Ranks whose planned shards need more memory of a kind than the topology gives the rank."""
+    needed: dict[int, dict[str, int]] = {}
+    for option in options:
+        for shard in option.shards:
+            for kind in ("hbm", "ddr"):
+                per_rank = needed.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
+                per_rank[kind] += getattr(shard.storage, kind)
+    return [f"rank {rank} on {device}: the plan's shards need {need[kind]} bytes of {kind}, the topology gives it "
+            f"{getattr(topo.devices[rank].storage, kind)}"
+            for rank, need in sorted(needed.items()) for kind in ("hbm", "ddr")
+            if need[kind] > getattr(topo.devices[rank].storage, kind)]
 
 
 # The devices the options are estimated for: the ranks' own, and GPUs (estimates only).
 ESTIMATED_FOR = ("cpu", "cuda")
 
 
-def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool) -> list[Any]:
+def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool, traffic: tuple[float, float] | None = None
+               ) -> list[Any]:
     """The sharding options torchrec's enumerator proposes, estimated for ``batch_size``: under the
-    case's constraints, or every type and kernel the sharders offer."""
+    case's constraints, or every type and kernel the sharders offer (with ``traffic``, the
+    (pooling factor, num_poolings) of ``traffic_constraints``)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     with quiet_planner():
         topo = topology(case, device)
-        constraints = parameter_constraints(case) if constrained else None
+        constraints = (parameter_constraints(case) if constrained else
+                       traffic_constraints(case, *traffic) if traffic is not None else None)
         estimators = [EmbeddingPerfEstimator(topology=topo, constraints=constraints),
                       EmbeddingStorageEstimator(topology=topo, constraints=constraints)]
         enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
@@ -82,4 +111,12 @@ def estimate_problems(case: PlannerCase) -> list[str]:
             double = enumerated(case, device, 2 * BATCH_SIZE, constrained)
             problems += (single_problems(single, device) + batch_problems(single, double, device)
                          + degenerate_problems(single, device, case.world_size == case.ranks_per_host))
+        # Two ids per bag and one bag per sample, then each of them doubled (at least one id per bag:
+        # below that a pooled table's output shrinks with its empty bags).
+        base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
+        problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
+        problems += num_poolings_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0)), device)
+        taller = dataclasses.replace(case, tables=tuple(dataclasses.replace(t, num_embeddings=2 * t.num_embeddings)
+                                                        for t in case.tables))
+        problems += rows_problems(base, enumerated(taller, device, BATCH_SIZE, False, (2.0, 1.0)), device, case.world_size)
     return problems[:4]
