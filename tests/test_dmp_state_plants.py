@@ -120,10 +120,24 @@ def _comparable(value):
 
 def test_the_surface_cases_compare_names_state_and_loose_loads():
     cases = surface_cases(2)
-    assert [case.output_dtensor for case in cases] == [False, True, True, False]
+    assert [case.output_dtensor for case in cases] == [False, True, True, False, True]
     assert {case.base.module for case in cases} == {"ebc", "ec"}
-    # The last one on dense kernels: rank 0's column-wise TBE holds t1's two shards, then t2's.
-    assert {cases[-1].base.kernel_of(t.name) for t in cases[-1].base.tables} == {"dense"}
+    # One on dense kernels: rank 0's column-wise TBE holds t1's two shards, then t2's.
+    assert {cases[3].base.kernel_of(t.name) for t in cases[3].base.tables} == {"dense"}
+    # The last with row-wise Adagrad: its 1-D state of t1's two column shards on rank 0 is one DTensor.
+    assert cases[-1].base.optimizer == "rowwise_adagrad" and cases[-1].base.plan["t1"] == ("column_wise", (0, 1, 0))
+
+
+def test_a_dtensor_local_tensor_smaller_than_its_shards_is_caught():
+    from paritykit.checks.sharding.dmp_surface import wrapper_problems
+
+    good = {"wrappers": [("optimizer t1.momentum1", (16,), [(8,), (8,)]), ("t1.weight", (8, 8), [(8, 4), (8, 4)])]}
+    short = {"wrappers": [("optimizer t1.momentum1", (8,), [(8,), (8,)])]}
+    flat = {"wrappers": [("t1.weight", (64,), [(8, 4), (8, 4)])]}
+    assert wrapper_problems([good]) == []
+    problems = wrapper_problems([good, short, flat])
+    assert [p.split(":")[0] for p in problems] == ["rank 1", "rank 2"], problems
+    assert "shape (8,), its local shards [(8,), (8,)] (16 elements)" in problems[0]
 
 
 def test_a_printout_that_raises_or_leaves_out_a_lookup_or_submodule_is_caught():

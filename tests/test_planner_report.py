@@ -88,10 +88,59 @@ def test_torchrecs_estimates_keep_their_meaning_and_a_changed_one_is_caught(devi
     shard = next(o for o in double if o.sharding_type == "table_wise").shards[0]
     shard.perf = dataclasses.replace(shard.perf, fwd_compute=shard.perf.fwd_compute * 1.5)
     problems = batch_problems(single, double, device)
-    assert len(problems) == 1 and "fwd_compute" in problems[0] and "expected twice" in problems[0], problems
+    assert len(problems) == 1 and "fwd_compute" in problems[0] and "with the batch doubled" in problems[0], problems
     cw = next(o for o in single if o.sharding_type == "column_wise" and len(o.shards) == 1)
     cw.shards[0].perf = dataclasses.replace(cw.shards[0].perf, bwd_comms=cw.shards[0].perf.bwd_comms + 1e-3)
     problems = degenerate_problems(single, device, one_host=True)
     assert len(problems) == 1 and f"table {cw.name!r} column_wise" in problems[0], problems
     cw.shards[0].perf = dataclasses.replace(cw.shards[0].perf, fwd_compute=-1.0)
     assert any("fwd_compute=-1.0" in p for p in single_problems(single, device))
+
+
+def _traffic(device: str, pooling_factor: float, num_poolings: float, rows_factor: int = 1) -> list:
+    from paritykit.checks.planner.planning import enumerated
+
+    case = pinned_cases(2, 2)[0]
+    case = dataclasses.replace(case, tables=tuple(dataclasses.replace(t, num_embeddings=rows_factor * t.num_embeddings)
+                                                  for t in case.tables))
+    return enumerated(case, device, 512, False, (pooling_factor, num_poolings))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import num_poolings_problems, pooling_factor_problems, rows_problems
+
+    base = _traffic(device, 2.0, 1.0)
+    more_ids, more_bags, more_rows = _traffic(device, 4.0, 1.0), _traffic(device, 2.0, 2.0), _traffic(device, 2.0, 1.0, 2)
+    assert pooling_factor_problems(base, more_ids, device) == []
+    assert num_poolings_problems(base, more_bags, device) == []
+    assert rows_problems(base, more_rows, device, world_size=2) == []
+    # A pooled table's output transfer growing with its ids; a bag more not doubling the compute;
+    # a shard of a placement holding every row of its table.
+    pooled = next(o for o in more_ids if o.is_pooled and o.sharding_type == "table_wise")
+    pooled.shards[0].perf = dataclasses.replace(pooled.shards[0].perf, fwd_comms=pooled.shards[0].perf.fwd_comms * 2)
+    problems = pooling_factor_problems(base, more_ids, device)
+    assert len(problems) == 1 and "fwd_comms" in problems[0] and "ids per bag" in problems[0], problems
+    bags = next(o for o in more_bags if o.sharding_type == "table_wise")
+    bags.shards[0].perf = dataclasses.replace(bags.shards[0].perf, bwd_compute=bags.shards[0].perf.bwd_compute * 1.5)
+    problems = num_poolings_problems(base, more_bags, device)
+    assert len(problems) == 1 and "bwd_compute" in problems[0] and "bags per sample" in problems[0], problems
+    split = next(o for o in more_rows if o.sharding_type != "data_parallel" and o.compute_kernel != "fused_uvm_caching")
+    shard = split.shards[0]
+    shard.storage = dataclasses.replace(shard.storage, ddr=shard.storage.ddr + shard.storage.hbm + 4096)
+    problems = rows_problems(base, more_rows, device, world_size=2)
+    assert len(problems) == 1 and f"table {split.name!r} {split.sharding_type}" in problems[0], problems
+
+
+def test_a_rank_planned_beyond_its_memory_is_caught():
+    from types import SimpleNamespace as NS
+
+    from paritykit.checks.planner.planning import capacity_problems
+
+    topo = NS(devices=[NS(storage=NS(hbm=100, ddr=1000)), NS(storage=NS(hbm=100, ddr=1000))])
+    shard = lambda rank, hbm, ddr: NS(rank=rank, storage=NS(hbm=hbm, ddr=ddr))  # noqa: E731
+    fits = [NS(shards=[shard(0, 60, 10), shard(1, 100, 0)]), NS(shards=[shard(0, 40, 990)])]
+    assert capacity_problems(fits, topo, "cuda") == []
+    over = fits + [NS(shards=[shard(1, 1, 0)])]
+    assert capacity_problems(over, topo, "cuda") == ["rank 1 on cuda: the plan's shards need 101 bytes of hbm, "
+                                                     "the topology gives it 100"]
