@@ -48,7 +48,6 @@ def pinned_dense_cases() -> tuple:
                      ("weight_decay", 0.05)), resume_at=2),
         ScheduleCase(every_policy, 17, resume_at=5),
         ScheduleCase(WARMUP, 8),
-        ScheduleCase(WARMUP, 8, resume_at=3, in_combined=True),
         ScheduleCase(Warmup((WarmupStageSpec("step", 4, 0.5, decay_iters=2),), 0.2), 6),
         KeyedCase((0.5, 2.0), resume_at=2),
         SemiSyncCase(3, 0.7, "adam", resume_at=4),
@@ -57,6 +56,7 @@ def pinned_dense_cases() -> tuple:
         # resumed from checkpoints storing the steps as float64 tensors and as numbers (step_forms.py)
         RowWiseCase((("eps", 1e-3), ("lr", 0.05), ("lr_decay", 0.1), ("weight_decay", 0.01)), resume_at=1, step_saved_as="float64"),
         RowWiseCase((("lr", 0.2),), steps=3, resume_at=2, step_saved_as="number"),
+        ScheduleCase(WARMUP, 8, resume_at=3, in_combined=True),
     )
 
 
