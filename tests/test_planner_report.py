@@ -97,24 +97,28 @@ def test_torchrecs_estimates_keep_their_meaning_and_a_changed_one_is_caught(devi
     assert any("fwd_compute=-1.0" in p for p in single_problems(single, device))
 
 
-def _traffic(device: str, pooling_factor: float, num_poolings: float, rows_factor: int = 1) -> list:
-    from paritykit.checks.planner.planning import enumerated
+def _traffic(device: str, pooling_factor: float, num_poolings: float, rows: int = 1, columns: int = 1) -> list:
+    from paritykit.checks.planner.planning import _scaled, enumerated
 
-    case = pinned_cases(2, 2)[0]
-    case = dataclasses.replace(case, tables=tuple(dataclasses.replace(t, num_embeddings=rows_factor * t.num_embeddings)
-                                                  for t in case.tables))
-    return enumerated(case, device, 512, False, (pooling_factor, num_poolings))
+    return enumerated(_scaled(pinned_cases(2, 2)[0], rows, columns), device, 512, False, (pooling_factor, num_poolings))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
-    from paritykit.checks.planner.estimate_rules import num_poolings_problems, pooling_factor_problems, rows_problems
+    from paritykit.checks.planner.estimate_rules import (columns_problems, num_poolings_problems, pooling_factor_problems,
+                                                         rows_problems)
 
     base = _traffic(device, 2.0, 1.0)
-    more_ids, more_bags, more_rows = _traffic(device, 4.0, 1.0), _traffic(device, 2.0, 2.0), _traffic(device, 2.0, 1.0, 2)
+    more_ids, more_bags, more_rows = _traffic(device, 4.0, 1.0), _traffic(device, 2.0, 2.0), _traffic(device, 2.0, 1.0, rows=2)
+    wider = _traffic(device, 2.0, 1.0, columns=2)
     assert pooling_factor_problems(base, more_ids, device) == []
     assert num_poolings_problems(base, more_bags, device) == []
     assert rows_problems(base, more_rows, device, world_size=2) == []
+    assert columns_problems(base, wider, device) == []
+    narrow = next(o for o in wider if o.sharding_type == "table_wise")
+    narrow.shards[0].perf = dataclasses.replace(narrow.shards[0].perf, fwd_comms=narrow.shards[0].perf.fwd_comms / 4)
+    problems = columns_problems(base, wider, device)
+    assert len(problems) == 1 and "fwd_comms" in problems[0] and "the columns doubled" in problems[0], problems
     # A pooled table's output transfer growing with its ids; a bag more not doubling the compute;
     # a shard of a placement holding every row of its table.
     pooled = next(o for o in more_ids if o.is_pooled and o.sharding_type == "table_wise")

@@ -18,6 +18,9 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   vector per bag, so its transfers do not move and its compute grows, by at most twice;
 - the bags per sample (the user's num_poolings) are a batch of their own: doubling them doubles every
   component as the batch does;
+- every table's columns doubled (shards cut alike): each output vector and gradient is twice as wide,
+  so the transfers double (a data-parallel table's all-reduce too), and the compute grows by at most
+  twice;
 - a placement holds each row of its table once (a data-parallel table once per rank): with no
   optimizer state to hold, doubling the rows adds exactly their bytes to its shards together, and at
   least that with a cache in front of them (the UVM-caching kernel).
@@ -75,15 +78,18 @@ def _key(option: Any) -> tuple:
     return (option.name, option.sharding_type, option.compute_kernel, len(option.shards))
 
 
-def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str, expected: Any) -> list[str]:
+def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str, expected: Any,
+                    reshaped_ok: bool = False) -> list[str]:
     """Components of the options in ``double`` (``what`` doubled) against ``expected(option,
-    component, before)``: the (low, high) bounds of the component after, or None where it is free."""
+    component, before)``: the (low, high) bounds of the component after, or None where it is free.
+    ``reshaped_ok``: an option whose shards are cut otherwise after the change is not compared."""
     doubled = {_key(option): option for option in double}
     problems = []
     for option in single:
         other = doubled.get(_key(option))
-        if other is None:
-            problems.append(f"{_option_name(option, device)}: proposed before {what} doubled, not after")
+        if other is None or [s.size[0] for s in other.shards] != [s.size[0] for s in option.shards]:
+            if not reshaped_ok:
+                problems.append(f"{_option_name(option, device)}: proposed before {what} doubled, not after")
             continue
         for shard, twice in zip(option.shards, other.shards):
             for component in PERF_COMPONENTS:
@@ -98,6 +104,17 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
                     problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
                                     f"{before}, then {after} with {what} doubled (expected {want})")
     return problems
+
+
+def columns_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
+    """Options whose transfers do not double with the columns of every table (each output vector, and
+    a data-parallel table's gradient, twice as wide), or whose compute shrinks or more than doubles.
+    Options whose shards are cut otherwise (column-wise blocks) are not compared."""
+
+    def expected(option: Any, component: str, before: float) -> tuple[float, float]:
+        return (2 * before, 2 * before) if component in ("fwd_comms", "bwd_comms") else (before, 2 * before)
+
+    return _ratio_problems(single, double, device, "the columns", expected, reshaped_ok=True)
 
 
 def _fixed(option: Any, component: str) -> bool:

@@ -9,8 +9,9 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import (batch_problems, degenerate_problems, num_poolings_problems,
-                                                     pooling_factor_problems, rows_problems, single_problems)
+from paritykit.checks.planner.estimate_rules import (batch_problems, columns_problems, degenerate_problems,
+                                                     num_poolings_problems, pooling_factor_problems, rows_problems,
+                                                     single_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
 from paritykit.harness.noise import quiet_planner
 
@@ -96,6 +97,13 @@ def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: boo
         return enumerator.enumerate(model_fn(case)(), get_default_sharders())
 
 
+def _scaled(case: PlannerCase, rows: int = 1, columns: int = 1) -> PlannerCase:
+    """The case with every table's rows and columns multiplied."""
+    return dataclasses.replace(case, tables=tuple(dataclasses.replace(t, num_embeddings=rows * t.num_embeddings,
+                                                                      embedding_dim=columns * t.embedding_dim)
+                                                  for t in case.tables))
+
+
 def estimate_problems(case: PlannerCase) -> list[str]:
     """estimate_rules.py's rules on every option for CPU and GPU ranks, at the default batch and twice it
     (under the case's constraints and with none); the first few problems."""
@@ -116,7 +124,7 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
         problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
         problems += num_poolings_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0)), device)
-        taller = dataclasses.replace(case, tables=tuple(dataclasses.replace(t, num_embeddings=2 * t.num_embeddings)
-                                                        for t in case.tables))
-        problems += rows_problems(base, enumerated(taller, device, BATCH_SIZE, False, (2.0, 1.0)), device, case.world_size)
+        problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
+                                  case.world_size)
+        problems += columns_problems(base, enumerated(_scaled(case, columns=2), device, BATCH_SIZE, False, (2.0, 1.0)), device)
     return problems[:4]
