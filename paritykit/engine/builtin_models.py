@@ -53,6 +53,9 @@ class ModelSpec:
     seed: int = 0
     # Width of the dense MLP and of the over-arch (dlrm only).
     hidden_dim: int = 8
+    # The weighted EBC is looked up but its output left out of the prediction (dlrm only): a sharded
+    # module whose embeddings get no gradient, as an auxiliary lookup a model computes and ignores.
+    unused_weighted: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -70,6 +73,8 @@ class ModelSpec:
             raise ValueError("ModelSpec.embedding_dim must be a multiple of 4 (column-wise shards are 4 wide)")
         if self.feature_processor and self.kind != "dlrm":
             raise ValueError("feature_processor is only supported on the dlrm model")
+        if self.unused_weighted and (self.kind != "dlrm" or self.num_weighted_tables < 1):
+            raise ValueError("unused_weighted needs the dlrm model with at least one weighted table")
 
     def table_names(self) -> list[str]:
         return [f"t{i}" for i in range(self.num_tables)]
@@ -139,10 +144,10 @@ class SmallDLRM(nn.Module):
             self.sparse = EmbeddingBagCollection(tables, device=device)
         self.weighted = EmbeddingBagCollection(weighted, is_weighted=True, device=device) if weighted else None
         self.sparse_keys = [_feature(t.name) for t in tables]
-        self.weighted_keys = [_feature(t.name) for t in weighted]
+        self.weighted_keys = [] if spec.unused_weighted else [_feature(t.name) for t in weighted]
         hidden = spec.hidden_dim
         self.dense = nn.Sequential(nn.Linear(spec.num_float_features, hidden), nn.ReLU()).to(device)
-        sparse_width = spec.embedding_dim * (len(tables) + len(weighted))
+        sparse_width = spec.embedding_dim * (len(self.sparse_keys) + len(self.weighted_keys))
         self.over = nn.Sequential(nn.Linear(hidden + sparse_width, hidden), nn.ReLU(), nn.Linear(hidden, 1)).to(device)
 
     def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ crosses ranks).
 | ``dlrm/lifecycle`` | detach, attach, reset, a next epoch; the hybrid pipeline train/eval/train | the plain loop over the same sequence |
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
 | ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 1, six batches | the plain loop with one-step-stale lookups, exactly |
+| ``dlrm-unused-lookup/semi-sync-staleness`` | the same on a model that looks the weighted tables up and ignores them (their embeddings get no gradient) | the same |
 
 And, on two or more ranks, three known-broken cases (``known_issues.toml``): the same comparisons
 where torchrec breaks them.
@@ -63,6 +64,13 @@ def dlrm_surface_setup(config: GateConfig, world_size: int) -> Any:
     return builtin_setup(spec, batches_of(spec, DataSpec(num_batches=SURFACE_BATCHES, seed=config.seed), world_size), config.device)
 
 
+def unused_lookup_setup(config: GateConfig, world_size: int) -> Any:
+    """The surface model, its weighted EBC looked up and left out of the prediction."""
+    spec = ModelSpec(num_tables=3, sharding_types=SURFACE_SHARDING_TYPES, fused_optimizer="rowwise_adagrad", seed=config.seed,
+                     unused_weighted=True)
+    return builtin_setup(spec, batches_of(spec, DataSpec(num_batches=SURFACE_BATCHES, seed=config.seed), world_size), config.device)
+
+
 def _nested_setup(config: GateConfig, world_size: int) -> Any:
     from paritykit.engine.nested_models import nested_setup
 
@@ -87,6 +95,8 @@ def surface_bodies(config: GateConfig, world_size: int) -> dict[str, Callable[[A
         "dlrm/lifecycle": lambda pool, out: lifecycle(pool, dlrm()),
         "dlrm/backward-hooks": lambda pool, out: backward_hooks(pool, dlrm()),
         "dlrm/semi-sync-staleness": lambda pool, out: semi_sync_staleness(pool, dlrm()),
+        "dlrm-unused-lookup/semi-sync-staleness": lambda pool, out: semi_sync_staleness(
+            pool, unused_lookup_setup(config, world_size), (1,)),
     }
 
 
