@@ -105,8 +105,8 @@ def _traffic(device: str, pooling_factor: float, num_poolings: float, rows: int 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
-    from paritykit.checks.planner.estimate_rules import (columns_problems, num_poolings_problems, pooling_factor_problems,
-                                                         rows_problems)
+    from paritykit.checks.planner.estimate_rules import (ceiling_problems, columns_problems, num_poolings_problems,
+                                                         pooling_factor_problems, rows_problems)
 
     base = _traffic(device, 2.0, 1.0)
     more_ids, more_bags, more_rows = _traffic(device, 4.0, 1.0), _traffic(device, 2.0, 2.0), _traffic(device, 2.0, 1.0, rows=2)
@@ -115,6 +115,7 @@ def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
     assert num_poolings_problems(base, more_bags, device) == []
     assert rows_problems(base, more_rows, device, world_size=2) == []
     assert columns_problems(base, wider, device) == []
+    assert ceiling_problems(base, device, world_size=2) == []
     narrow = next(o for o in wider if o.sharding_type == "table_wise")
     narrow.shards[0].perf = dataclasses.replace(narrow.shards[0].perf, fwd_comms=narrow.shards[0].perf.fwd_comms / 4)
     problems = columns_problems(base, wider, device)
@@ -148,3 +149,18 @@ def test_a_rank_planned_beyond_its_memory_is_caught():
     over = fits + [NS(shards=[shard(1, 1, 0)])]
     assert capacity_problems(over, topo, "cuda") == ["rank 1 on cuda: the plan's shards need 101 bytes of hbm, "
                                                      "the topology gives it 100"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_shard_estimated_above_its_weights_and_traffic_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import ceiling_problems
+
+    base = _traffic(device, 2.0, 1.0)
+    assert ceiling_problems(base, device, world_size=2) == []
+    # Six times the output bytes (an output dtype's bits minus 8, not over 8): above every rank's outputs.
+    tw = next(o for o in base if o.sharding_type == "table_wise")
+    shard = tw.shards[0]
+    outputs = tw.batch_size * tw.num_inputs * shard.size[1] * 4 * 2
+    shard.storage = dataclasses.replace(shard.storage, ddr=shard.storage.ddr + 5 * outputs)
+    problems = ceiling_problems(base, device, world_size=2)
+    assert len(problems) == 1 and f"table {tw.name!r} table_wise" in problems[0], problems

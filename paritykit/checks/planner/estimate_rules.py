@@ -23,7 +23,11 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   twice;
 - a placement holds each row of its table once (a data-parallel table once per rank): with no
   optimizer state to hold, doubling the rows adds exactly their bytes to its shards together, and at
-  least that with a cache in front of them (the UVM-caching kernel).
+  least that with a cache in front of them (the UVM-caching kernel);
+- and a shard holds at most that: its weights (twice them with a cache), plus what every rank's batch
+  can send it and get back for its features: the ids (8 bytes each; a weighted feature's weights as
+  many again) and the output vectors of its columns (float32 at most; one per bag, or per id for a
+  sequence table).
 
 The constants of the cost model (bandwidths, penalties) are calibration, not meaning: no rule here
 pins them (docs/planner.md).
@@ -149,7 +153,7 @@ def num_poolings_problems(single: list[Any], double: list[Any], device: str) -> 
 
 
 def _held(option: Any) -> int:
-    return sum(shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0) for shard in option.shards)
+    return sum(_held_by(shard) for shard in option.shards)
 
 
 def rows_problems(single: list[Any], double: list[Any], device: str, world_size: int) -> list[str]:
@@ -173,6 +177,31 @@ def rows_problems(single: list[Any], double: list[Any], device: str, world_size:
                             f"{len(option.shards)} shard(s) together, expected {'at least ' if cached else ''}{added}"
                             + (f" ({copies} copies)" if copies > 1 else ""))
     return problems
+
+
+ID_BYTES, OUTPUT_BYTES = 8, 4  # int64 ids; float32, the widest output torchrec's tables emit
+
+
+def ceiling_problems(options: list[Any], device: str, world_size: int) -> list[str]:
+    """Shards whose storage estimate exceeds their weights (twice with a cache) plus every rank's
+    batch of ids and outputs for the table's features (estimated with no optimizer)."""
+    problems = []
+    for option in options:
+        element = option.tensor.element_size()
+        ids = option.batch_size * sum(option.input_lengths) * ID_BYTES * (2 if option.is_weighted else 1)
+        vectors = option.batch_size * (option.num_inputs if option.is_pooled else sum(option.input_lengths))
+        for shard in option.shards:
+            rows, columns = shard.size
+            weights = rows * columns * element * (2 if option.compute_kernel == "fused_uvm_caching" else 1)
+            most = weights + world_size * (ids + vectors * columns * OUTPUT_BYTES)
+            if _held_by(shard) > most:
+                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: storage "
+                                f"{_held_by(shard)} bytes, more than its weights and every rank's ids and outputs ({most})")
+    return problems
+
+
+def _held_by(shard: Any) -> int:
+    return shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0)
 
 
 def _estimates(option: Any) -> list[tuple]:

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import (batch_problems, columns_problems, degenerate_problems,
+from paritykit.checks.planner.estimate_rules import (batch_problems, ceiling_problems, columns_problems, degenerate_problems,
                                                      num_poolings_problems, pooling_factor_problems, rows_problems,
                                                      single_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
@@ -37,11 +37,14 @@ def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
 
 def traffic_constraints(case: PlannerCase, pooling_factor: float, num_poolings: float) -> dict[str, Any]:
     """Constraints saying only how much each feature of every table is looked up: ``pooling_factor``
-    ids per bag and ``num_poolings`` bags per sample (every sharding type and kernel stays open)."""
+    ids per bag and ``num_poolings`` bags per sample (every sharding type and kernel stays open), and
+    the output's dtype spelled out as float32 (the tables' own: the planner then sizes outputs by it)."""
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import DataType
 
+    dtype = {"output_dtype": DataType.FP32} if "output_dtype" in {f.name for f in dataclasses.fields(ParameterConstraints)} else {}
     return {t.name: ParameterConstraints(pooling_factors=[pooling_factor] * len(t.feature_names),
-                                         num_poolings=[num_poolings] * len(t.feature_names)) for t in case.tables}
+                                         num_poolings=[num_poolings] * len(t.feature_names), **dtype) for t in case.tables}
 
 
 def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
@@ -122,6 +125,7 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         # Two ids per bag and one bag per sample, then each of them doubled (at least one id per bag:
         # below that a pooled table's output shrinks with its empty bags).
         base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
+        problems += ceiling_problems(base, device, case.world_size)
         problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
         problems += num_poolings_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0)), device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
