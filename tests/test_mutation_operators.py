@@ -198,6 +198,9 @@ def test_the_broadest_case_of_each_check_replays_first_then_the_fastest_of_each(
     assert choose_cases([small, broad, other, pipe], 10, breadth) == [broad, pipe, small, other]
     # Without the breadth of the cases: the fastest of each check, then the fastest.
     assert choose_cases([small, broad, other, pipe], 3) == [small, pipe, other]
+    # Beyond the limit, every check covering the line keeps one case (its broadest).
+    sync = _case("sync", "s", 0.5)
+    assert choose_cases([small, broad, other, pipe, sync], 1, breadth) == [broad, pipe, sync]
 
 
 def test_cases_taking_different_paths_through_the_mutated_function_replay_first():

@@ -61,7 +61,10 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
     since a mutant shows on the path that reaches what it changed; then the broadest case of each
     check (the one running the most torchrec lines: the fastest cases are the smallest, which run the
     line in its plainest form); then the other different paths; then the fastest of each check, then
-    the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths."""
+    the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths.
+
+    Every check covering the line keeps one case even beyond ``limit`` (its broadest, else its
+    fastest): the checks compare different things, so a mutant one check misses another may see."""
     by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
     different = _different_paths(by_speed, paths) if paths else []
     chosen: list[CoveredCase] = different[: max(1, limit // 2)]
@@ -80,7 +83,13 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
         fastest.setdefault(case.check, case)
     add(list(fastest.values()))
     add(by_speed)
-    return chosen[:limit]
+    kept = chosen[:limit]
+    represented = {case.check for case in kept}
+    for case in chosen[limit:]:
+        if case.check not in represented:
+            kept.append(case)
+            represented.add(case.check)
+    return kept
 
 
 def _different_paths(by_speed: list[CoveredCase], paths: dict[str, frozenset[int]]) -> list[CoveredCase]:
