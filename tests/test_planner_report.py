@@ -164,3 +164,20 @@ def test_a_shard_estimated_above_its_weights_and_traffic_is_caught(device):
     shard.storage = dataclasses.replace(shard.storage, ddr=shard.storage.ddr + 5 * outputs)
     problems = ceiling_problems(base, device, world_size=2)
     assert len(problems) == 1 and f"table {tw.name!r} table_wise" in problems[0], problems
+
+
+def test_the_capacity_case_passes_and_a_plan_into_the_reserved_memory_is_caught(monkeypatch):
+    from paritykit.checks.planner import capacity
+    from paritykit.errors import ParityError
+
+    metrics = capacity.run_capacity_case(capacity.CapacityCase())
+    assert metrics["ranks"] == 2 and metrics["hbm_used_max"] <= (1 - capacity.RESERVED) * capacity.HBM_PER_RANK
+    # The rule held to a larger reservation than the planner was given: its plan fills the difference.
+    from torchrec.distributed.planner import storage_reservations
+
+    real = capacity.RESERVED
+    monkeypatch.setattr(capacity, "RESERVED", 0.5)
+    original = storage_reservations.HeuristicalStorageReservation
+    monkeypatch.setattr(storage_reservations, "HeuristicalStorageReservation", lambda percentage: original(percentage=real))
+    with pytest.raises(ParityError, match="more than the 50% of its"):
+        capacity.run_capacity_case(capacity.CapacityCase())

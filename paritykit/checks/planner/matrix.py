@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_planner_case
 from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig, run_property
+from paritykit.checks.runner import GateConfig, run_case, run_property
 from paritykit.dist import PoolProvider
 from paritykit.harness.hosts import host_layout
 from paritykit.harness.plans import local_world_size
@@ -23,7 +24,8 @@ EXAMPLES_PER_CASE = 25
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     layouts = [host_layout(w, local_world_size(w)) for w in config.world_sizes] + list(config.hosts)
     drawn = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_CASE))
-    results: list[CaseResult] = []
+    capacity = CapacityCase()
+    results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda: run_capacity_case(capacity))]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
         pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
