@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from paritykit.engine.pipeline_contract import prediction_of, split_output
-from paritykit.errors import ParityError
+from paritykit.errors import HarnessError, ParityError
 
 # What the dense-feature stage multiplies the float features by.
 DENSE_SCALE = 0.5
@@ -68,6 +68,10 @@ class StagedDrive:
     epochs: int = 1
     refill_between_epochs: bool = True
     detach_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.detach_after is not None and self.epochs != 1:
+            raise HarnessError("StagedDrive: detach_after is defined for one epoch (the plain loop takes its extra step once)")
 
     def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
         if self.plain:

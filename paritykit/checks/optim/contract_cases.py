@@ -130,7 +130,7 @@ def _refuses(what: str, case: ContractCase, error: type, call: Any) -> None:
 
 def run_contract(case: ContractCase) -> dict[str, Any]:
     import torchrec.optim as trec_optim
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.keyed import KeyedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.warmup import WarmupOptimizer
 
     params = _params(case.seed)
@@ -149,4 +149,8 @@ def run_contract(case: ContractCase) -> dict[str, Any]:
     fresh = KeyedOptimizerWrapper(dict(params), lambda ps: torch.optim.Adam(ps, lr=0.1))
     fresh.init_state()
     _refuses("KeyedOptimizer.load_state_dict of a state with fewer parameters", case, ValueError, lambda: fresh.load_state_dict(fewer))
-    return {"placeholders": len(present), "refusals": len(present) + 3}
+    # KeyedOptimizer's documented invariant: every state key is one of its parameters.
+    stray = torch.zeros(1)
+    _refuses("KeyedOptimizer with state for a tensor that is not one of its parameters", case, ValueError,
+             lambda: KeyedOptimizer(dict(params), {stray: {"step": torch.tensor(0.0)}}, [{"params": list(params.values())}]))
+    return {"placeholders": len(present), "refusals": len(present) + 4}

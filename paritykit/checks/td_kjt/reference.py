@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from paritykit.checks.td_kjt.batches import oracle_kjt, route_input
-from paritykit.checks.td_kjt.sharded_spec import ROUTE_KJT
-from paritykit.checks.td_kjt.sharded_spec import ShardedCase
+from paritykit.checks.td_kjt.sharded_spec import ROUTE_KJT, ShardedCase
 from paritykit.checks.td_kjt.tolerances import gradient_scale
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.seeding import generator
@@ -72,12 +71,13 @@ def _expect_unsharded_vbe_expands(case: ShardedCase, step: int, rank: int, modul
         outputs = outputs_by_key("ebc", module(route_input(rank_batch, ROUTE_KJT, case.form, device)))
     for key, want in expanded.items():
         got = outputs.get(key)
-        if got is None or got.shape != want.shape or not torch.equal(got, want.detach()):
-            shape = None if got is None else tuple(got.shape)
-            raise ParityError(f"td-kjt step {step} rank {rank}: the unsharded EBC fed the variable batch with its inverse "
-                              f"indices gives output[{key!r}] of shape {shape}, not the {tuple(want.shape)} rows of the "
-                              "same batch expanded by its inverse indices" + ("" if got is None or got.shape != want.shape
-                                                                             else f" (max abs diff {(got - want).abs().max():.3g})"))
+        if got is not None and got.shape == want.shape and torch.equal(got, want.detach()):
+            continue
+        found = "no such output" if got is None else f"shape {tuple(got.shape)}"
+        if got is not None and got.shape == want.shape:
+            found += f", max abs diff {(got - want).abs().max():.3g}"
+        raise ParityError(f"td-kjt step {step} rank {rank}: the unsharded EBC fed the variable batch with its inverse indices "
+                          f"gives output[{key!r}] ({found}) unlike the {tuple(want.shape)} rows of the same batch expanded by hand")
 
 
 def reference_step(
