@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from paritykit.checks.planner.planning import capacity_problems, storage_per_rank, topology_of
 from paritykit.errors import ParityError
 from paritykit.harness.noise import quiet_planner
 
@@ -33,17 +34,6 @@ class CapacityCase:
                 f"{HBM_PER_RANK // 2**20} MiB HBM, {RESERVED:.0%} reserved")
 
 
-def _gpu_topology(world_size: int) -> Any:
-    from torchrec.distributed.planner import types
-
-    factory = getattr(types, "TopologyFactory", None)
-    if factory is not None and "hbm_cap_bytes" in getattr(types.TrainerConfig, "__dataclass_fields__", {}):
-        return factory.create_topology(
-            trainer_config=types.TrainerConfig(world_size=world_size, local_world_size=world_size, hbm_cap_bytes=HBM_PER_RANK),
-            kernel_config=types.KernelConfig(compute_device="cuda"))
-    return types.Topology(world_size=world_size, compute_device="cuda", local_world_size=world_size, hbm_cap=HBM_PER_RANK)
-
-
 def run_capacity_case(case: CapacityCase) -> dict[str, Any]:
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -57,23 +47,15 @@ def run_capacity_case(case: CapacityCase) -> dict[str, Any]:
                                      for i in range(TABLES)], device=torch.device("meta"))
     chosen = recorder()
     with quiet_planner():
-        topology = _gpu_topology(case.world_size)
-        capacity = [(device.storage.hbm, device.storage.ddr) for device in topology.devices]
+        # The reservation works on a copy: this topology keeps each rank's whole memory.
+        topology = topology_of(case.world_size, case.world_size, "cuda", hbm_cap=HBM_PER_RANK)
         planner = EmbeddingShardingPlanner(topology=topology, stats=[chosen],
                                            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED))
         planner.plan(module, get_default_sharders())
-    used: dict[int, list[int]] = {}
-    for option in chosen.best_plan:
-        for shard in option.shards:
-            per_rank = used.setdefault(shard.rank, [0, 0])
-            per_rank[0] += shard.storage.hbm
-            per_rank[1] += shard.storage.ddr
-    problems = [f"rank {rank}: the plan needs {hbm} bytes of HBM, more than the {1 - RESERVED:.0%} of its {capacity[rank][0]} "
-                f"left after the reservation" for rank, (hbm, _) in sorted(used.items()) if hbm > (1 - RESERVED) * capacity[rank][0]]
-    problems += [f"rank {rank}: the plan needs {ddr} bytes of DDR, the topology gives it {capacity[rank][1]}"
-                 for rank, (_, ddr) in sorted(used.items()) if ddr > capacity[rank][1]]
+    problems = capacity_problems(chosen.best_plan, topology, "cuda", hbm_share=1 - RESERVED)
     if problems:
         kinds = sorted({f"{o.name}:{o.sharding_type}/{o.compute_kernel}" for o in chosen.best_plan})
         raise ParityError(f"{case.case_id()}\n  torchrec's planner filled the reserved memory ({', '.join(kinds)}):\n    "
                           + "\n    ".join(problems))
-    return {"ranks": len(used), "hbm_used_max": max(hbm for hbm, _ in used.values()), "plan_shape": "planner/capacity"}
+    used = storage_per_rank(chosen.best_plan)
+    return {"ranks": len(used), "hbm_used_max": max(need["hbm"] for need in used.values()), "plan_shape": "planner/capacity"}

@@ -66,7 +66,7 @@ def single_problems(options: list[Any], device: str) -> list[str]:
             bad = [c for c in PERF_COMPONENTS if not math.isfinite(getattr(shard.perf, c)) or getattr(shard.perf, c) < 0]
             if bad:
                 problems.append(f"{where}: perf {', '.join(f'{c}={getattr(shard.perf, c)}' for c in bad)}")
-            held, least = shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0), _storage_least(option, shard)
+            held, least = _held_by(shard), _storage_least(option, shard)
             if held < least:
                 problems.append(f"{where}: storage {held} bytes, less than its weights"
                                 + (" and one rank's pooled output" if option.is_pooled else "") + f" ({least} bytes)")

@@ -17,15 +17,23 @@ from paritykit.harness.noise import quiet_planner
 
 
 def topology(case: PlannerCase, device: str = "cpu") -> Any:
-    """TopologyFactory where torchrec has it (its recommended way), else Topology itself."""
+    return topology_of(case.world_size, case.ranks_per_host, device)
+
+
+def topology_of(world_size: int, ranks_per_host: int, device: str, hbm_cap: int | None = None) -> Any:
+    """TopologyFactory where torchrec has it (its recommended way), else Topology itself; ``hbm_cap``:
+    each rank's HBM in bytes (the device's default when None)."""
     from torchrec.distributed.planner import types
 
+    cap = {} if hbm_cap is None else {"hbm_cap": hbm_cap}
     factory = getattr(types, "TopologyFactory", None)
     if factory is not None and hasattr(types, "TrainerConfig") and hasattr(types, "KernelConfig"):
-        return factory.create_topology(
-            trainer_config=types.TrainerConfig(world_size=case.world_size, local_world_size=case.ranks_per_host),
-            kernel_config=types.KernelConfig(compute_device=device))
-    return types.Topology(world_size=case.world_size, compute_device=device, local_world_size=case.ranks_per_host)
+        if hbm_cap is None or "hbm_cap_bytes" in getattr(types.TrainerConfig, "__dataclass_fields__", {}):
+            trainer_cap = {} if hbm_cap is None else {"hbm_cap_bytes": hbm_cap}
+            return factory.create_topology(
+                trainer_config=types.TrainerConfig(world_size=world_size, local_world_size=ranks_per_host, **trainer_cap),
+                kernel_config=types.KernelConfig(compute_device=device))
+    return types.Topology(world_size=world_size, compute_device=device, local_world_size=ranks_per_host, **cap)
 
 
 def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
@@ -63,18 +71,30 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
     return plan, report_problems(rows, chosen.best_plan, device) + capacity_problems(chosen.best_plan, topo, device)
 
 
-def capacity_problems(options: list[Any], topo: Any, device: str) -> list[str]:
-    """Ranks whose planned shards need more memory of a kind than the topology gives the rank."""
+def storage_per_rank(options: list[Any]) -> dict[int, dict[str, int]]:
+    """{rank: {"hbm": bytes, "ddr": bytes}} the chosen shards need on each rank."""
     needed: dict[int, dict[str, int]] = {}
     for option in options:
         for shard in option.shards:
-            for kind in ("hbm", "ddr"):
-                per_rank = needed.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
+            per_rank = needed.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
+            for kind in per_rank:
                 per_rank[kind] += getattr(shard.storage, kind)
-    return [f"rank {rank} on {device}: the plan's shards need {need[kind]} bytes of {kind}, the topology gives it "
-            f"{getattr(topo.devices[rank].storage, kind)}"
-            for rank, need in sorted(needed.items()) for kind in ("hbm", "ddr")
-            if need[kind] > getattr(topo.devices[rank].storage, kind)]
+    return needed
+
+
+def capacity_problems(options: list[Any], topo: Any, device: str, hbm_share: float = 1.0) -> list[str]:
+    """Ranks whose planned shards need more DDR than the topology (the one given to the planner,
+    which reserves on a copy) gives the rank, or more than ``hbm_share`` of its HBM."""
+    problems = []
+    for rank, need in sorted(storage_per_rank(options).items()):
+        storage = topo.devices[rank].storage
+        if need["hbm"] > hbm_share * storage.hbm:
+            problems.append(f"rank {rank} on {device}: the plan's shards need {need['hbm']} bytes of hbm, "
+                            + (f"the topology gives it {storage.hbm}" if hbm_share == 1.0 else
+                               f"more than the {hbm_share:.0%} of its {storage.hbm} left after the reservation"))
+        if need["ddr"] > storage.ddr:
+            problems.append(f"rank {rank} on {device}: the plan's shards need {need['ddr']} bytes of ddr, the topology gives it {storage.ddr}")
+    return problems
 
 
 # The devices the options are estimated for: the ranks' own, and GPUs (estimates only).
