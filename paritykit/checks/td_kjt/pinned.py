@@ -17,6 +17,8 @@ Each has empty rows and an empty feature, and two steps of batches.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from paritykit.checks.td_kjt.sharded_draw import (
     case_names,
     fixed_batch,
@@ -118,3 +120,50 @@ def pinned_cases(world_size: int, device: str) -> tuple[ShardedCase, ...]:
 def _vbe_plan_supported(case: ShardedCase, device: str) -> bool:
     names = case_names(case.module, case.kernel, case.tables, case.plan)
     return all(vbe_supported(device, name, case.world_size) for name in names)
+
+
+def _uneven_steps(world_size: int, keys: tuple[str, ...], weighted: bool) -> tuple[tuple[RankBatch, ...], ...]:
+    """Two steps where every rank of a host has its own batch size (1 to 3 rows per feature)."""
+    steps = []
+    for step in range(2):
+        ranks = []
+        for rank in range(world_size):
+            rows = 1 + (rank + step) % 3
+            lengths = tuple(tuple((rank + 2 * k + r + step) % 3 for r in range(rows)) for k in range(len(keys)))
+            ranks.append(fixed_batch(keys, lengths, BOUND, 300 + 10 * step + rank, weighted))
+        steps.append(tuple(ranks))
+    return tuple(steps)
+
+
+def host_cases(world_size: int, ranks_per_host: int, device: str) -> tuple[ShardedCase, ...]:
+    """Forward-only cases on ranks standing for several hosts, fed batches whose sizes differ between
+    the ranks of a host: the output dists of table-row-wise and grid shards then split the pooled rows
+    by each rank's own batch (the rank within its host, the host of a rank), paths that equal batches
+    on every rank never take. Forward only: their backward needs an all-gather of uneven sizes, which
+    gloo refuses (known issues row-wise-family-uneven-batch, vbe-training-table-row-wise)."""
+    from paritykit.checks.td_kjt.sharded_draw import kernels_for
+
+    hosts = world_size // ranks_per_host
+    last, far_host = world_size - 1, hosts - 1
+    kernel = next(k for k in kernels_for("ebc", device) if k != "dense")
+    sum_tables = (TableSpec("t0", 8, 4, ("f0", "f1")), TableSpec("t1", 6, 8, ("f2",)), TableSpec("t2", 7, 4, ("f3",)))
+    # A variable batch per feature whose sizes differ between ranks (pinned_steps alternates two shapes).
+    vbe = replace(pinned_case("ebc", world_size, device, sum_tables,
+                              {"t0": ("table_row_wise", far_host), "t1": ("row_wise",), "t2": ("table_wise", last)},
+                              kernel, weighted=True, variable_batch=True, seed=31, train=False),
+                  ranks_per_host=ranks_per_host)
+    # A fixed batch whose size differs between ranks, through table-row-wise, grid (host blocks in
+    # reverse order), row-wise and table-wise tables.
+    from torchrec.distributed.planner.constants import MIN_CW_DIM
+
+    grid_hosts = tuple(reversed(range(hosts)))  # grid_shard cuts columns into blocks of MIN_CW_DIM
+    uneven_tables = sum_tables + (TableSpec("t3", 9, MIN_CW_DIM * hosts, ("f4",)),)
+    uneven_keys = KEYS + ("f4",)
+    uneven = ShardedCase(
+        module="ebc", world_size=world_size, tables=uneven_tables,
+        plan={"t0": ("table_row_wise", 0), "t1": ("row_wise",), "t2": ("table_wise", last), "t3": ("grid_shard", grid_hosts)},
+        kernel=kernel, routes=routes_for(False, False, "from_jagged_offsets"), form="from_jagged_offsets",
+        steps=_uneven_steps(world_size, uneven_keys, False), device=device, seed=32, train=False,
+        ranks_per_host=ranks_per_host,
+    )
+    return (vbe, uneven)

@@ -143,3 +143,22 @@ def vbe_gradient_not_divided() -> ContextManager[None]:
         return staticmethod(backward)
 
     return replaced(comm_ops.Variable_Batch_All2All_Pooled_Req, "backward", planted)
+
+
+@register("twrw-output-split-by-host-index", check=CHECK)
+def twrw_output_split_by_host_index() -> ContextManager[None]:
+    """TWRW's output dist, fed batches of different sizes on the ranks, splits a rank's pooled rows by the
+    batch sizes of its host index instead of its rank within the host (``rank // ranks_per_host`` for
+    ``rank % ranks_per_host``). Equal batches on every rank, or one host's rank 0, hide it."""
+    from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
+
+    def planted(original):
+        def preprocess(self, local_size, nodes, batch_size_per_rank):
+            by_cross_group, sums = original(self, local_size, nodes, batch_size_per_rank)
+            wrong = list(by_cross_group)
+            wrong[self._rank % local_size] = by_cross_group[self._rank // local_size]  # IndexError on a third host
+            return wrong, sums
+
+        return preprocess
+
+    return replaced(TwRwPooledEmbeddingDist, "_preprocess_batch_size_per_rank", planted)

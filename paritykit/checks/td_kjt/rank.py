@@ -35,6 +35,7 @@ from paritykit.checks.td_kjt.tolerances import output_tolerances, table_toleranc
 from paritykit.compare import find_differences, format_differences
 from paritykit.errors import Divergence, HarnessError, ParityError
 from paritykit.harness.devices import rank_device
+from paritykit.harness.plans import local_world_size
 from paritykit.harness.sharded import (
     copy_full_weights_into,
     gather_full_weights,
@@ -90,10 +91,10 @@ def _stage(where: str) -> Iterator[None]:
 def shard_case(case: ShardedCase, device: torch.device) -> torch.nn.Module:
     """The case's module sharded by its plan and kernel (fused kernels step with SGD at LEARNING_RATE)."""
     module = build_unsharded(case, case.seed + 1, device)  # other weights: the copy below must land
-    twrw = [t.name for t in case.tables if case.plan[t.name][0] == "table_row_wise"]
+    twrw = [t.name for t in case.tables if case.plan[t.name][0] in ("table_row_wise", "grid_shard")]
     if twrw and case.kernel != "dense":
-        # torchrec's table_row_wise generator takes no kernel and picks dense, unless the table has
-        # an optimizer in backward: then it picks the fused kernel with that optimizer (SGD, the same lr).
+        # torchrec's table_row_wise and grid_shard generators take no kernel and pick dense, unless the
+        # table has an optimizer in backward: then the fused kernel with that optimizer (SGD, the same lr).
         from torchrec.optim.apply_optimizer_in_backward import (
             apply_optimizer_in_backward,
         )
@@ -201,6 +202,10 @@ def report_case_on_rank(case: ShardedCase) -> RankReport:
     rank = dist.get_rank()
     if dist.get_world_size() != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, this group has {dist.get_world_size()}")
+    if local_world_size(case.world_size) != case.hosts.ranks_per_host:
+        # torchrec would resolve the plan's host indexes for other hosts than the case was written for.
+        raise HarnessError(f"case stands for {case.hosts.describe()}, this group for hosts of "
+                           f"{local_world_size(case.world_size)} ranks")
     device = rank_device(case.device)
     full = {name: weight.to(device) for name, weight in seeded_full_weights(case.tables, case.seed).items()}
     with _stage("sharding the module"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paritykit.errors import HarnessError
+from paritykit.harness.hosts import HostLayout, host_layout
 from paritykit.harness.plans import describe_plan, validate_plan, with_rows_for_every_rank
 from paritykit.harness.tables import TableSpec, feature_names_of
 from paritykit.strategies import SparseBatch
@@ -78,6 +79,8 @@ class ShardedCase:
     need_indices: bool = False
     seed: int = 0
     train: bool = True  # False: outputs only (where torchrec cannot train the configuration on the device)
+    # The hosts the ranks stand for (None: one host of world_size ranks; host_cases in pinned.py).
+    ranks_per_host: int | None = None
 
     def __post_init__(self) -> None:
         """A bad case is refused here, in the caller, naming the table, route, step or rank at fault."""
@@ -91,6 +94,8 @@ class ShardedCase:
             raise HarnessError(f"routes {self.routes}: unknown {unknown}; {ROUTE_KJT!r} (the reference form) is required")
         if not self.steps:
             raise HarnessError("a sharded case needs at least one step of batches")
+        if self.ranks_per_host is not None:
+            host_layout(self.world_size, self.ranks_per_host)  # HarnessError unless it divides world_size
         for step, rank_batches in enumerate(self.steps):
             if len(rank_batches) != self.world_size:
                 raise HarnessError(f"step {step} has batches for {len(rank_batches)} ranks, the case {self.world_size}")
@@ -117,7 +122,14 @@ class ShardedCase:
         kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] == "column_wise" else e[0] for e in self.plan.values())
         vbe = "/vbe" if self.variable_batch else ""
         forward = "" if self.train else "/forward-only"
-        return f"{self.module}/ws{self.world_size}/{self.kernel}{vbe}{forward}/" + "+".join(kinds)
+        return f"{self.module}/ws{self.world_size}{self._hosts_label('/')}/{self.kernel}{vbe}{forward}/" + "+".join(kinds)
+
+    def _hosts_label(self, prefix: str) -> str:
+        return f"{prefix}hosts={self.hosts}" if self.hosts.hosts > 1 else ""
+
+    @property
+    def hosts(self) -> HostLayout:
+        return host_layout(self.world_size, self.ranks_per_host)
 
     def describe(self) -> str:
         tables = ", ".join(
@@ -127,7 +139,7 @@ class ShardedCase:
         )
         flags = f"need_indices={self.need_indices}" if self.module == "ec" else f"weighted={self.weighted}"
         return (
-            f"sharded {self.module} ws{self.world_size} kernel={self.kernel} {flags} vbe={self.variable_batch} "
+            f"sharded {self.module} ws{self.world_size}{self._hosts_label(' ')} kernel={self.kernel} {flags} vbe={self.variable_batch} "
             f"train={self.train} "
             f"routes={'+'.join(self.routes)} form={self.form} device={self.device} plan={describe_plan(self.plan)} "
             f"tables=({tables}) seed={self.seed} steps={self.steps!r}"
