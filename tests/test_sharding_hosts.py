@@ -27,6 +27,9 @@ CROSS_HOST_PLANT_CASES = {
     "grid-blocks-in-host-order": 1,  # GRID with host indexes (1, 0)
 }
 
+# The plants that only a layout of another host count than ranks per host shows (3x2, not 2x2).
+NON_SQUARE_HOST_PLANTS = {"twrw-input-staggered-by-ranks-per-host"}
+
 
 def two_by_two(index: int) -> ShardingCase:
     return pinned_cases(4, 2)[index]
@@ -145,6 +148,17 @@ def test_a_cross_host_plant_moves_torchrecs_numbers_on_two_hosts_and_is_caught(r
         with pytest.raises(ParityError, match="differs from the unsharded reference"):
             run_sharding_case(case, pool)
     assert run_sharding_case(case, pool)["steps"] == 3
+
+
+def test_a_stagger_by_ranks_per_host_passes_on_two_by_two_and_is_caught_on_three_by_two(rank_pools):
+    # The square layout cannot tell the host count from the ranks per host; the gate's pinned cases
+    # also run on 3x2 (GateConfig.pinned_host_layouts) for that.
+    (plant,) = NON_SQUARE_HOST_PLANTS
+    with plants.applied([plant]):
+        assert run_sharding_case(two_by_two(0), rank_pools.get(4, ranks_per_host=2))["steps"] == 3
+        with pytest.raises(ParityError, match="differs from the unsharded reference"):
+            run_sharding_case(pinned_cases(6, 2)[0], rank_pools.get(6, ranks_per_host=2))
+    assert run_sharding_case(pinned_cases(6, 2)[0], rank_pools.get(6, ranks_per_host=2))["steps"] == 3
 
 
 def pinned_and_drawn(pool, world_size: int, ranks_per_host: int | None) -> list:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from paritykit.checks.runner import GateConfig
-from paritykit.checks.td_kjt.cases import host_case_layouts
 from paritykit.checks.td_kjt.pinned import host_cases, pinned_cases
 from paritykit.checks.td_kjt.rank import VS_UNSHARDED, check_case_on_rank, report_case_on_rank
 from paritykit.errors import HarnessError
@@ -17,10 +16,10 @@ from paritykit.harness.hosts import HostLayout
 
 def test_a_square_layout_is_joined_by_one_with_a_host_more():
     two_by_two, two_by_three = HostLayout(2, 2), HostLayout(2, 3)
-    assert host_case_layouts(GateConfig(hosts=(two_by_two,))) == [two_by_two, HostLayout(3, 2)]
-    assert host_case_layouts(GateConfig(hosts=(two_by_three,))) == [two_by_three]
-    assert host_case_layouts(GateConfig(hosts=())) == []
-    assert host_case_layouts(GateConfig(hosts=(HostLayout(1, 4),))) == []
+    assert GateConfig(hosts=(two_by_two,)).pinned_host_layouts() == [two_by_two, HostLayout(3, 2)]
+    assert GateConfig(hosts=(two_by_three,)).pinned_host_layouts() == [two_by_three]
+    assert GateConfig(hosts=()).pinned_host_layouts() == []
+    assert GateConfig(hosts=(HostLayout(1, 4),)).pinned_host_layouts() == []
 
 
 def test_host_cases_feed_ranks_of_one_host_batches_of_different_sizes():

@@ -84,6 +84,16 @@ class GateConfig:
         label = label if len(label) <= REPLAY_LABEL_CHARS else label[: REPLAY_LABEL_CHARS - 3] + "..."
         return f"{command} --no-shrink --case {short_case_id(check, case_id)}  # {label}"
 
+    def pinned_host_layouts(self) -> list[HostLayout]:
+        """The layouts of several hosts that pinned cases run on: ``hosts``, and where each of them has as
+        many hosts as ranks per host, one with a host more. On a square layout a host index and a rank
+        within the host are interchangeable (2x2 cannot tell ``rank // ranks_per_host`` from ``rank %
+        ranks_per_host``, nor the host count from the ranks per host in an index), where 3x2 can."""
+        layouts = [h for h in self.hosts if h.hosts > 1]
+        if layouts and all(h.hosts == h.ranks_per_host for h in layouts):
+            layouts.append(HostLayout(layouts[0].hosts + 1, layouts[0].ranks_per_host))
+        return layouts
+
     def selects(self, check: str, case_id: str) -> bool:
         """Whether ``--case`` (if given) names this case, by its full id or its short id."""
         if self.case is None:

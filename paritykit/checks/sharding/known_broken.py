@@ -76,8 +76,9 @@ def _batch_sizes(batch: RankBatch) -> tuple[int, ...]:
 
 
 def _uneven_row_wise(case: ShardingCase) -> bool:
+    # Its backward fails: a forward-only configuration (td-kjt's host cases) computes, and a failure there is news.
     uneven = any(len({_batch_sizes(b) for b in step}) > 1 for step in case.step_batches())
-    return uneven and any(e[0] in ROW_WISE_FAMILY for e in case.plan.values())
+    return uneven and any(e[0] in ROW_WISE_FAMILY for e in case.plan.values()) and getattr(case, "train", True)
 
 
 def _vbe_dense(case: ShardingCase) -> bool:

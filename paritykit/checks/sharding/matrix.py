@@ -59,6 +59,11 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             # The optimizer cases are about fbgemm's rules, not placements: one host is enough.
             explicit=pinned_cases(hosts.world_size, ranks_per_host) + (optimizer_pinned_cases(hosts.world_size) if hosts.hosts == 1 else ()),
         )
+    # The pinned cross-host cases on a layout the config does not draw on (3x2 beside a square 2x2).
+    for hosts in (h for h in config.pinned_host_layouts() if h not in config.hosts):
+        pool = pools.get(hosts.world_size, ranks_per_host=hosts.ranks_per_host)
+        results += [run_case(NAME, case.case_id(), config, lambda case=case, pool=pool: run_sharding_case(case, pool))
+                    for case in pinned_cases(hosts.world_size, hosts.ranks_per_host)]
     # DistributedModelParallel's options and torchrec's collectives under the same oracle (dmp_cases.py),
     # before the known-broken cases below, whose failures may cost a pool rebuild.
     dmp_results, dmp_known_broken = run_dmp_matrix(NAME, config, pools)

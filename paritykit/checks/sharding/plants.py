@@ -321,6 +321,22 @@ def twrw_input_dist_not_staggered() -> ContextManager[None]:
     return replaced(twrw_sharding.TwRwSparseFeaturesDist, "__init__", planted)
 
 
+@register("twrw-input-staggered-by-ranks-per-host", check=CHECK)
+def twrw_input_staggered_by_ranks_per_host() -> ContextManager[None]:
+    """TWRW's (and GRID's) input all-to-all staggers by the ranks per host instead of the host count:
+    the same number on a square layout (2x2), so only hosts of another count than their ranks (3x2) show it."""
+    from torchrec.distributed.sharding import twrw_sharding
+
+    def planted(original):
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self._dist._stagger = self._local_size
+
+        return init
+
+    return replaced(twrw_sharding.TwRwSparseFeaturesDist, "__init__", planted)
+
+
 @register("grid-blocks-in-host-order", check=CHECK)
 def grid_blocks_in_host_order() -> ContextManager[None]:
     """GRID stitches a table's column blocks in the order of the hosts holding them instead of their

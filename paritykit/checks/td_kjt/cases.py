@@ -1,6 +1,6 @@
 """The td-kjt gate entry: eager TD/KJT parity (eager.py), then at each world size the sharded
 three-way parity (sharded TD == sharded KJT == unsharded; rank.py) over pinned and drawn plans, the
-pinned forward-only cases on the config's layouts of several hosts (pinned.host_cases), then the
+pinned forward-only cases on layouts of several hosts (pinned.host_cases, ``config.pinned_host_layouts``), then the
 configurations known to fail inside torchrec (known_broken.py), all on ``config.device``.
 """
 
@@ -33,7 +33,6 @@ from paritykit.checks.td_kjt.sharded_spec import ShardedCase
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.harness.configuration import described_by
-from paritykit.harness.hosts import HostLayout
 
 NAME = "td-kjt"
 
@@ -90,17 +89,6 @@ def known_broken_results(pools: PoolProvider, config: GateConfig) -> list[CaseRe
     return results
 
 
-def host_case_layouts(config: GateConfig) -> list[HostLayout]:
-    """The config's layouts of several hosts, and where each has as many hosts as ranks per host, one
-    with a host more: on a square layout a host index and a rank within the host are interchangeable
-    (2x2 cannot tell ``rank // ranks_per_host`` from ``rank % ranks_per_host``, nor hosts from ranks
-    per host in an index), where 3x2 can."""
-    layouts = [h for h in config.hosts if h.hosts > 1]
-    if layouts and all(h.hosts == h.ranks_per_host for h in layouts):
-        layouts.append(HostLayout(layouts[0].hosts + 1, layouts[0].ranks_per_host))
-    return layouts
-
-
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     """Eager parity, then sharded three-way parity at each of the config's world sizes."""
     results = run_property(NAME, eager_cases(), lambda case: run_eager_case(case, config.device), config,
@@ -112,7 +100,7 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
             NAME, sharded_cases(world_size, config.device), lambda case, pool=pool: run_sharded_case(pool, case),
             config, case_id=lambda case: case.describe(), explicit=pinned_cases(world_size, config.device),
         )
-    for layout in host_case_layouts(config):
+    for layout in config.pinned_host_layouts():
         pool = pools.get(layout.world_size, ranks_per_host=layout.ranks_per_host)
         sharded += [run_case(NAME, case.describe(), config, lambda case=case, pool=pool: run_sharded_case(pool, case))
                     for case in host_cases(layout.world_size, layout.ranks_per_host, config.device)]
