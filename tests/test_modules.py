@@ -10,6 +10,7 @@ import torch
 from paritykit.checks import load_check
 from paritykit.checks.modules import formulas
 from paritykit.checks.modules.dense_cases import run_dense_case
+from paritykit.checks.modules.dense_modules import INTERACTIONS
 from paritykit.checks.modules.draws import PINNED
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN, MLP_SWISH_DTYPE
 from paritykit.checks.modules.mc_cases import MCSpec, run_remapper_case
@@ -72,7 +73,8 @@ def test_lfu_model_records_until_the_eviction_interval():
 @pytest.mark.parametrize("spec", [spec for specs in PINNED.values() for spec in specs], ids=lambda spec: spec.kind)
 def test_every_pinned_dense_case_matches_its_formula_with_every_gradient_compared(spec):
     module_params = run_dense_case(spec)
-    assert module_params["outputs"] > 0 and module_params["gradients"] == module_params["parameters"] + len(spec.dims or [0])
+    inputs = 2 if spec.kind in INTERACTIONS else len(spec.dims or [0])  # an interaction: dense and sparse features
+    assert module_params["outputs"] > 0 and module_params["gradients"] == module_params["parameters"] + inputs
 
 
 @pytest.mark.parametrize("module", sorted(MC_PINNED))

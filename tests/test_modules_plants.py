@@ -61,6 +61,12 @@ def _remap(steps):
     return [module({"t": JaggedTensor(values=torch.tensor(ids), lengths=torch.tensor([len(ids)]))})["t"].values() for ids in steps]
 
 
+def _interaction():
+    from torchrec.models.dlrm import InteractionArch
+
+    return [InteractionArch(2)(_x(3, 4), _x(3, 2, 4))]
+
+
 # plant -> what torchrec computes that the plant changes (tensors, compared bit for bit).
 TORCHREC_NUMBERS = {
     "cross-layer-uses-x-l-for-x0": _cross("CrossNet"),
@@ -73,6 +79,7 @@ TORCHREC_NUMBERS = {
     "mch-default-slot-off-by-one": lambda: _remap([[1, 2, 3], [4]]),  # 4 finds the three slots held
     # 1, 2, 3 fill the three slots; 4 then ties with 3 (one hit each).
     "lfu-ties-favour-new-ids": lambda: _remap([[1, 1, 2, 2, 3], [4], [3, 4]]),
+    "dlrm-interaction-keeps-self-dots": _interaction,
 }
 
 

@@ -46,6 +46,9 @@ def formula_run(spec: DenseSpec, params: dict[str, torch.Tensor], inputs: list[t
     ref_params = {name: t.detach().to(dtype).requires_grad_() for name, t in params.items()}
     ref_inputs = [t.detach().to(dtype).requires_grad_() for t in inputs]
     output = reference(spec, ref_params, ref_inputs)
+    if output.shape != upstream.shape:  # the upstream gradient has torchrec's output shape
+        raise ParityError(f"{spec.kind} output: torchrec gives {tuple(upstream.shape)}, the formula "
+                          f"{tuple(output.shape)} [{spec.case_id()}]")
     grads = torch.autograd.grad(output, ref_inputs + list(ref_params.values()), upstream.to(dtype), allow_unused=True)
     return output.detach(), list(grads)
 

@@ -36,15 +36,21 @@ PERCEPTRON_ACTIVATIONS = ("torch.relu", "torch.sigmoid", "nn.Tanh()", "SwishLaye
 MIXTURE_ACTIVATIONS = ("torch.relu", "torch.sigmoid", "nn.Tanh()")
 # The modules whose constructor takes the dtype (the others are moved with .to(dtype), as users do).
 TAKES_DTYPE = ("perceptron", "mlp", "deep_fm")
+# torchrec.models.dlrm's architectures: the tutorial's model is built from them.
+DLRM_ARCHS = ("dense_arch", "over_arch", "interaction_arch", "interaction_dcn_arch", "interaction_projection_arch")
+# The ones fed (dense (B, D), sparse (B, F, D)); ``dims[0]`` is their (F, D).
+INTERACTIONS = ("interaction_arch", "interaction_dcn_arch", "interaction_projection_arch")
 KINDS = ("perceptron", "mlp", "swish_layer_norm", "cross_net", "low_rank_cross_net", "vector_cross_net",
-         "mixture_cross_net", "factorization_machine", "deep_fm")
+         "mixture_cross_net", "factorization_machine", "deep_fm") + DLRM_ARCHS
 
 
 @dataclass(frozen=True)
 class DenseSpec:
     """One dense module and its input. ``sizes``: the MLP's layer sizes (Perceptron: one); ``dims``:
     the (N_k, D_k) of each embedding (FM, DeepFM), or SwishLayerNorm's (d1, d2) with ``norm_dims``
-    normalized; ``layers``, ``rank``, ``experts``: the cross nets'."""
+    normalized; ``layers``, ``rank``, ``experts``: the cross nets'. The DLRM archs: ``sizes`` the
+    DenseArch's or OverArch's layers, or the projection's (F1, F2); ``dims`` an interaction's ((F, D),);
+    ``layers`` and ``rank`` the DCN interaction's LowRankCrossNet."""
 
     kind: str
     batch: int
@@ -74,7 +80,12 @@ class DenseSpec:
                   "vector_cross_net": f"N={self.width} layers={self.layers}",
                   "mixture_cross_net": f"N={self.width} layers={self.layers} rank={self.rank} experts={self.experts} act={self.activation}",
                   "factorization_machine": f"embeddings={self.dims}",
-                  "deep_fm": f"embeddings={self.dims} mlp={self.sizes} act={self.activation}"}[self.kind]
+                  "deep_fm": f"embeddings={self.dims} mlp={self.sizes} act={self.activation}",
+                  "dense_arch": f"in={self.width} sizes={self.sizes}",
+                  "over_arch": f"in={self.width} sizes={self.sizes}",
+                  "interaction_arch": f"F,D={self.dims}",
+                  "interaction_dcn_arch": f"F,D={self.dims} layers={self.layers} rank={self.rank}",
+                  "interaction_projection_arch": f"F,D={self.dims} F1,F2={self.sizes}"}[self.kind]
         return f"{self.kind} {fields} B={self.batch} {self.dtype} seed={self.seed}"
 
 
@@ -132,7 +143,26 @@ def _module(spec: DenseSpec) -> torch.nn.Module:
         return deepfm.FactorizationMachine()
     if spec.kind == "deep_fm":
         return deepfm.DeepFM(dense_module=_mlp(spec, sum(a * b for a, b in spec.dims)))
+    if spec.kind in DLRM_ARCHS:
+        return _dlrm_arch(spec)
     raise HarnessError(f"unknown dense module kind {spec.kind!r}; known: {', '.join(KINDS)}")
+
+
+def _dlrm_arch(spec: DenseSpec) -> torch.nn.Module:
+    from torchrec.models import dlrm
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    if spec.kind == "dense_arch":
+        return dlrm.DenseArch(spec.width, list(spec.sizes))
+    if spec.kind == "over_arch":
+        return dlrm.OverArch(spec.width, list(spec.sizes))
+    (f, d), = spec.dims
+    if spec.kind == "interaction_arch":
+        return dlrm.InteractionArch(f)
+    if spec.kind == "interaction_dcn_arch":  # as torchrec's DLRM_DCN builds it: the crossnet over (F + 1) D
+        return dlrm.InteractionDCNArch(f, LowRankCrossNet((f + 1) * d, spec.layers, low_rank=spec.rank))
+    f1, f2 = spec.sizes  # the branches as torchrec's DLRM_Projection builds them: DenseArchs to F1 D and F2 D
+    return dlrm.InteractionProjectionArch(f, dlrm.DenseArch((f + 1) * d, [f1 * d]), dlrm.DenseArch((f + 1) * d, [f2 * d]))
 
 
 def build(spec: DenseSpec) -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -162,6 +192,9 @@ def _inputs(spec: DenseSpec) -> list[torch.Tensor]:
         return [draw(spec.batch, n, d, part=k) for k, (n, d) in enumerate(spec.dims)]
     if spec.kind == "swish_layer_norm":
         return [draw(spec.batch, *spec.dims[0])]
+    if spec.kind in INTERACTIONS:
+        (f, d), = spec.dims
+        return [draw(spec.batch, d, part=0), draw(spec.batch, f, d, part=1)]
     return [draw(spec.batch, spec.width)]
 
 
@@ -169,4 +202,6 @@ def call(spec: DenseSpec, module: torch.nn.Module, inputs: list[torch.Tensor]) -
     """torchrec's forward as users call it."""
     if spec.kind in ("factorization_machine", "deep_fm"):
         return module(embeddings=inputs)
+    if spec.kind in INTERACTIONS:
+        return module(dense_features=inputs[0], sparse_features=inputs[1])
     return module(inputs[0])

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from paritykit.checks.modules import formulas
-from paritykit.checks.modules.dense_modules import ACTIVATIONS, SWISH, DenseSpec, Params
+from paritykit.checks.modules.dense_modules import ACTIVATIONS, DLRM_ARCHS, SWISH, DenseSpec, Params
 from paritykit.errors import HarnessError
 
 Tensor = torch.Tensor
@@ -43,6 +43,35 @@ def _mixture(spec: DenseSpec, params: Params, x: Tensor) -> Tensor:
     return formulas.mixture_cross_net(x, layers, gates, ACTIVATIONS[spec.activation][1])
 
 
+def _relu_layers(params: Params, prefix: str, count: int) -> list:
+    """A DenseArch's or OverArch's MLP: ``count`` relu perceptrons under ``prefix``."""
+    return [(params[f"{prefix}_mlp.{i}._linear.weight"], params[f"{prefix}_mlp.{i}._linear.bias"], formulas.relu)
+            for i in range(count)]
+
+
+def _dlrm_arch(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
+    """torchrec.models.dlrm's archs: DenseArch an MLP with relu after every layer; OverArch one with relu
+    after all but the last, a plain linear layer; the interactions over the dense output and the
+    sparse features (none: the dense output alone)."""
+    if spec.kind == "dense_arch":
+        return formulas.mlp(inputs[0], _relu_layers(params, "model.", len(spec.sizes)))
+    if spec.kind == "over_arch":
+        hidden = formulas.mlp(inputs[0], _relu_layers(params, "model.0.", len(spec.sizes) - 1))
+        return formulas.linear(hidden, params["model.1.weight"], params["model.1.bias"])
+    dense, sparse = inputs
+    if sparse.shape[1] == 0:
+        return dense
+    if spec.kind == "interaction_arch":
+        return formulas.dlrm_interaction(dense, sparse)
+    combined = torch.cat([dense, sparse.reshape(sparse.shape[0], -1)], dim=1)
+    if spec.kind == "interaction_dcn_arch":
+        return formulas.low_rank_cross_net(combined, _per_layer(params, "crossnet.W_kernels", spec.layers),
+                                           _per_layer(params, "crossnet.V_kernels", spec.layers),
+                                           _per_layer(params, "crossnet.bias", spec.layers))
+    branches = [formulas.mlp(combined, _relu_layers(params, f"interaction_branch{k}.model.", 1)) for k in (1, 2)]
+    return formulas.dlrm_projection_interaction(dense, *branches)
+
+
 def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
     """The module's documented output for ``inputs`` under ``params``."""
     x, layers = inputs[0], spec.layers
@@ -68,4 +97,6 @@ def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
         return formulas.factorization_machine(inputs)
     if spec.kind == "deep_fm":
         return _mlp(spec, params, formulas.flatten_concat(inputs), "dense_module.")
+    if spec.kind in DLRM_ARCHS:
+        return _dlrm_arch(spec, params, inputs)
     raise HarnessError(f"no reference for dense module kind {spec.kind!r}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from paritykit.checks.modules.dense_modules import (MIXTURE_ACTIVATIONS, MLP_ACTIVATIONS, PERCEPTRON_ACTIVATIONS, SWISH,
-                                                    DenseSpec)
+from paritykit.checks.modules.dense_modules import (DLRM_ARCHS, MIXTURE_ACTIVATIONS, MLP_ACTIVATIONS,
+                                                    PERCEPTRON_ACTIVATIONS, SWISH, DenseSpec)
 
 DTYPES = ("float32", "float64")
 _batch = st.integers(1, 6)
@@ -74,6 +74,26 @@ def _deep_fm(draw: st.DrawFn) -> DenseSpec:
                      activation_on_last=mlp.activation_on_last, dims=draw(_embeddings), dtype=mlp.dtype, seed=mlp.seed)
 
 
+_layer_sizes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
+# (F, D): no sparse feature at all included (the archs return the dense output alone).
+_features = st.tuples(st.integers(0, 4), st.integers(1, 4)).map(lambda fd: (fd,))
+
+
+@st.composite
+def _dlrm_arch(draw: st.DrawFn, kind: str) -> DenseSpec:
+    batch, dtype, seed = draw(_batch), draw(_dtype), draw(_seed)
+    if kind in ("dense_arch", "over_arch"):
+        sizes = draw(_layer_sizes) if kind == "dense_arch" else draw(_layer_sizes) + (draw(st.integers(1, 3)),)
+        return DenseSpec(kind, batch, draw(_width), sizes, dtype=dtype, seed=seed)
+    dims = draw(_features)
+    if kind == "interaction_arch":
+        return DenseSpec(kind, batch, dims=dims, dtype=dtype, seed=seed)
+    if kind == "interaction_dcn_arch":
+        return DenseSpec(kind, batch, dims=dims, layers=draw(st.integers(1, 3)), rank=draw(st.integers(1, 3)),
+                         dtype=dtype, seed=seed)
+    return DenseSpec(kind, batch, sizes=(draw(st.integers(1, 3)), draw(st.integers(1, 3))), dims=dims, dtype=dtype, seed=seed)
+
+
 def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
     """Module family -> its strategy, in gate order."""
     return {
@@ -86,6 +106,7 @@ def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
         "mixture_cross_net": _cross("mixture_cross_net"),
         "factorization_machine": _fm(),
         "deep_fm": _deep_fm(),
+        **{kind: _dlrm_arch(kind) for kind in DLRM_ARCHS},
     }
 
 
@@ -100,4 +121,11 @@ PINNED: dict[str, tuple[DenseSpec, ...]] = {
     "mixture_cross_net": (DenseSpec("mixture_cross_net", 4, 5, layers=2, rank=2, experts=3, activation="nn.Tanh()"),),
     "factorization_machine": (DenseSpec("factorization_machine", 3, dims=((2, 3), (3, 3))),),
     "deep_fm": (DenseSpec("deep_fm", 3, sizes=(4, 1), dims=((2, 3), (1, 4))),),
+    "dense_arch": (DenseSpec("dense_arch", 3, 4, (3, 2)),),
+    "over_arch": (DenseSpec("over_arch", 3, 4, (3, 2, 1)),),
+    # Three sparse features of two dims: the dense-sparse dots before the sparse pairs; and none at all.
+    "interaction_arch": (DenseSpec("interaction_arch", 3, dims=((3, 2),)), DenseSpec("interaction_arch", 2, dims=((0, 3),))),
+    "interaction_dcn_arch": (DenseSpec("interaction_dcn_arch", 3, dims=((2, 2),), layers=2, rank=2),),
+    # F1 != F2, so that Y and Z reshaped the other way round do not fit the same product.
+    "interaction_projection_arch": (DenseSpec("interaction_projection_arch", 3, sizes=(2, 3), dims=((2, 2),)),),
 }

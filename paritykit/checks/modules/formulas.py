@@ -122,3 +122,23 @@ def factorization_machine(embeddings: Sequence[Tensor]) -> Tensor:
     pairs = x.unsqueeze(2) * x.unsqueeze(1)  # (B, M, M)
     upper = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(diagonal=1)
     return (pairs * upper).sum(dim=(1, 2)).unsqueeze(1)
+
+
+def dlrm_interaction(dense: Tensor, sparse: Tensor) -> Tensor:
+    """DLRM's dot interaction (InteractionArch's docstring; the DLRM paper): with the dense output as
+    feature 0 before the F sparse ones, the dot product of every pair i < j, in row-major order
+    (dense with each sparse feature, then the sparse pairs), after the dense output itself:
+    (B, D + F + F choose 2). No sparse features: the dense output alone."""
+    features = [dense] + [sparse[:, k] for k in range(sparse.shape[1])]
+    dots = [(features[i] * features[j]).sum(dim=1, keepdim=True)
+            for i in range(len(features)) for j in range(i + 1, len(features))]
+    return torch.cat([dense] + dots, dim=1)
+
+
+def dlrm_projection_interaction(dense: Tensor, branch1: Tensor, branch2: Tensor) -> Tensor:
+    """InteractionProjectionArch's docstring: Y (B, F1, D) and Z (B, D, F2), the branches' outputs
+    reshaped; Y Z per sample, flattened, after the dense output: (B, D + F1 F2)."""
+    batch, d = dense.shape
+    y, z = branch1.reshape(batch, -1, d), branch2.reshape(batch, d, -1)
+    products = (y.unsqueeze(3) * z.unsqueeze(1)).sum(dim=2)  # (B, F1, F2): sum over D of y[b, i, :] z[b, :, j]
+    return torch.cat([dense, products.reshape(batch, -1)], dim=1)

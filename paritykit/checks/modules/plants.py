@@ -171,3 +171,19 @@ def lfu_ties_favour_new_ids() -> ContextManager[None]:
         return select
 
     return replaced(MCHEvictionPolicy, "_compute_selected_eviction_and_replacement_indices", planted)
+
+
+@register("dlrm-interaction-keeps-self-dots", check=CHECK)
+def dlrm_interaction_keeps_self_dots() -> ContextManager[None]:
+    """DLRM's InteractionArch takes the upper triangle with its diagonal (every feature's dot with itself:
+    ``triu_indices(offset=0)``), so its output grows by F + 1 columns and the over-arch reads other pairs."""
+    from torchrec.models.dlrm import InteractionArch
+
+    def planted(original):
+        def init(self, num_sparse_features):
+            original(self, num_sparse_features)
+            self.triu_indices = torch.triu_indices(self.F + 1, self.F + 1, offset=0)
+
+        return init
+
+    return replaced(InteractionArch, "__init__", planted)
