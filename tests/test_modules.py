@@ -10,7 +10,7 @@ import torch
 from paritykit.checks import load_check
 from paritykit.checks.modules import formulas
 from paritykit.checks.modules.dense_cases import run_dense_case
-from paritykit.checks.modules.dense_modules import INTERACTIONS
+from paritykit.checks.modules.dense_modules import DLRM_MODELS, INTERACTIONS
 from paritykit.checks.modules.draws import PINNED
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN, MLP_SWISH_DTYPE
 from paritykit.checks.modules.mc_cases import MCSpec, run_remapper_case
@@ -73,7 +73,8 @@ def test_lfu_model_records_until_the_eviction_interval():
 @pytest.mark.parametrize("spec", [spec for specs in PINNED.values() for spec in specs], ids=lambda spec: spec.kind)
 def test_every_pinned_dense_case_matches_its_formula_with_every_gradient_compared(spec):
     module_params = run_dense_case(spec)
-    inputs = 2 if spec.kind in INTERACTIONS else len(spec.dims or [0])  # an interaction: dense and sparse features
+    # An interaction takes dense and sparse features; a DLRM model the dense features (and a KJT of ids).
+    inputs = 2 if spec.kind in INTERACTIONS else 1 if spec.kind in DLRM_MODELS else len(spec.dims or [0])
     assert module_params["outputs"] > 0 and module_params["gradients"] == module_params["parameters"] + inputs
 
 

@@ -38,10 +38,14 @@ MIXTURE_ACTIVATIONS = ("torch.relu", "torch.sigmoid", "nn.Tanh()")
 TAKES_DTYPE = ("perceptron", "mlp", "deep_fm")
 # torchrec.models.dlrm's architectures: the tutorial's model is built from them.
 DLRM_ARCHS = ("dense_arch", "over_arch", "interaction_arch", "interaction_dcn_arch", "interaction_projection_arch")
+# The whole models: an EBC of SUM tables (``dims``: each table's (features, rows), ``rank`` the embedding
+# dim), ``width`` dense input features, fed (dense (B, width), a KJT) and returning (B, 1) logits.
+DLRM_MODELS = ("dlrm", "dlrm_dcn", "dlrm_projection")
+DLRM_DENSE_HIDDEN, DLRM_OVER_HIDDEN, DLRM_DCN_LOW_RANK, DLRM_PROJECTIONS = 3, 2, 2, (2, 3)
 # The ones fed (dense (B, D), sparse (B, F, D)); ``dims[0]`` is their (F, D).
 INTERACTIONS = ("interaction_arch", "interaction_dcn_arch", "interaction_projection_arch")
 KINDS = ("perceptron", "mlp", "swish_layer_norm", "cross_net", "low_rank_cross_net", "vector_cross_net",
-         "mixture_cross_net", "factorization_machine", "deep_fm") + DLRM_ARCHS
+         "mixture_cross_net", "factorization_machine", "deep_fm") + DLRM_ARCHS + DLRM_MODELS
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,9 @@ class DenseSpec:
                   "over_arch": f"in={self.width} sizes={self.sizes}",
                   "interaction_arch": f"F,D={self.dims}",
                   "interaction_dcn_arch": f"F,D={self.dims} layers={self.layers} rank={self.rank}",
-                  "interaction_projection_arch": f"F,D={self.dims} F1,F2={self.sizes}"}[self.kind]
+                  "interaction_projection_arch": f"F,D={self.dims} F1,F2={self.sizes}",
+                  **{kind: f"dense_in={self.width} tables(features,rows)={self.dims} D={self.rank} layers={self.layers}"
+                     for kind in DLRM_MODELS}}[self.kind]
         return f"{self.kind} {fields} B={self.batch} {self.dtype} seed={self.seed}"
 
 
@@ -145,6 +151,8 @@ def _module(spec: DenseSpec) -> torch.nn.Module:
         return deepfm.DeepFM(dense_module=_mlp(spec, sum(a * b for a, b in spec.dims)))
     if spec.kind in DLRM_ARCHS:
         return _dlrm_arch(spec)
+    if spec.kind in DLRM_MODELS:
+        return _dlrm_model(spec)
     raise HarnessError(f"unknown dense module kind {spec.kind!r}; known: {', '.join(KINDS)}")
 
 
@@ -163,6 +171,52 @@ def _dlrm_arch(spec: DenseSpec) -> torch.nn.Module:
         return dlrm.InteractionDCNArch(f, LowRankCrossNet((f + 1) * d, spec.layers, low_rank=spec.rank))
     f1, f2 = spec.sizes  # the branches as torchrec's DLRM_Projection builds them: DenseArchs to F1 D and F2 D
     return dlrm.InteractionProjectionArch(f, dlrm.DenseArch((f + 1) * d, [f1 * d]), dlrm.DenseArch((f + 1) * d, [f2 * d]))
+
+
+def dlrm_features(spec: DenseSpec) -> list[tuple[str, str]]:
+    """(table, feature) of a DLRM spec's EBC, in the EBC's order: table t{i} looks up f{i}_{j}."""
+    return [(f"t{i}", f"f{i}_{j}") for i, (count, _rows) in enumerate(spec.dims) for j in range(count)]
+
+
+def dlrm_batch(spec: DenseSpec) -> dict[str, list[list[int]]]:
+    """Each feature's bags of ids (0-2 ids a sample, empty bags included), in the KJT's key order:
+    the EBC's reversed, so that the model must reorder them."""
+    rows = {f"t{i}": r for i, (_count, r) in enumerate(spec.dims)}
+    generator = _generator(spec, "ids")
+    batch = {}
+    for table, feature in reversed(dlrm_features(spec)):
+        lengths = torch.randint(0, 3, (spec.batch,), generator=generator).tolist()
+        batch[feature] = [torch.randint(0, rows[table], (n,), generator=generator).tolist() for n in lengths]
+    return batch
+
+
+def _dlrm_kjt(spec: DenseSpec):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    batch = dlrm_batch(spec)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=list(batch), values=torch.tensor([i for bags in batch.values() for bag in bags for i in bag], dtype=torch.int64),
+        lengths=torch.tensor([len(bag) for bags in batch.values() for bag in bags], dtype=torch.int32))
+
+
+def _dlrm_model(spec: DenseSpec) -> torch.nn.Module:
+    from torchrec.models import dlrm
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    d = spec.rank
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=d, num_embeddings=rows,
+                                  feature_names=[f for t, f in dlrm_features(spec) if t == f"t{i}"])
+               for i, (_count, rows) in enumerate(spec.dims)]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    arch = {"embedding_bag_collection": ebc, "dense_in_features": spec.width,
+            "dense_arch_layer_sizes": [DLRM_DENSE_HIDDEN, d], "over_arch_layer_sizes": [DLRM_OVER_HIDDEN, 1]}
+    if spec.kind == "dlrm_dcn":
+        return dlrm.DLRM_DCN(**arch, dcn_num_layers=spec.layers, dcn_low_rank_dim=DLRM_DCN_LOW_RANK)
+    if spec.kind == "dlrm_projection":
+        f1, f2 = DLRM_PROJECTIONS
+        return dlrm.DLRM_Projection(**arch, interaction_branch1_layer_sizes=[f1 * d], interaction_branch2_layer_sizes=[f2 * d])
+    return dlrm.DLRM(**arch)
 
 
 def build(spec: DenseSpec) -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -204,4 +258,6 @@ def call(spec: DenseSpec, module: torch.nn.Module, inputs: list[torch.Tensor]) -
         return module(embeddings=inputs)
     if spec.kind in INTERACTIONS:
         return module(dense_features=inputs[0], sparse_features=inputs[1])
+    if spec.kind in DLRM_MODELS:
+        return module(dense_features=inputs[0], sparse_features=_dlrm_kjt(spec))
     return module(inputs[0])

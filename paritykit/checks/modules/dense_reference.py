@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 
 from paritykit.checks.modules import formulas
-from paritykit.checks.modules.dense_modules import ACTIVATIONS, DLRM_ARCHS, SWISH, DenseSpec, Params
+from paritykit.checks.modules.dense_modules import (ACTIVATIONS, DLRM_ARCHS, DLRM_MODELS, DLRM_OVER_HIDDEN, SWISH,
+                                                    DenseSpec, Params, dlrm_batch, dlrm_features)
 from paritykit.errors import HarnessError
 
 Tensor = torch.Tensor
@@ -72,6 +73,34 @@ def _dlrm_arch(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
     return formulas.dlrm_projection_interaction(dense, *branches)
 
 
+def _sparse_arch(spec: DenseSpec, params: Params) -> Tensor:
+    """DLRM's SparseArch by hand: each feature's bags summed from its table's rows, the features in the
+    EBC's order (not the KJT's), stacked (B, F, D)."""
+    batch, pooled = dlrm_batch(spec), []
+    for table, feature in dlrm_features(spec):
+        weight = params[f"sparse_arch.embedding_bag_collection.embedding_bags.{table}.weight"]
+        # index_select of an empty bag still reaches the table: torchrec's zero gradient has its counterpart.
+        rows = [weight.index_select(0, torch.tensor(bag, dtype=torch.int64)).sum(dim=0) for bag in batch[feature]]
+        pooled.append(torch.stack(rows))
+    return torch.stack(pooled, dim=1)
+
+
+def _dlrm_model(spec: DenseSpec, params: Params, dense_input: Tensor) -> Tensor:
+    """DLRM.forward: the dense arch, the sparse arch, their interaction, the over arch; each arch's
+    formula as above, with the parameters under the model's names."""
+    def under(prefix: str) -> Params:
+        return {name[len(prefix):]: t for name, t in params.items() if name.startswith(prefix)}
+
+    dense = formulas.mlp(dense_input, _relu_layers(params, "dense_arch.model.", 2))
+    sparse = _sparse_arch(spec, params)
+    (f, d) = (sparse.shape[1], spec.rank)
+    inter_kind = {"dlrm": "interaction_arch", "dlrm_dcn": "interaction_dcn_arch",
+                  "dlrm_projection": "interaction_projection_arch"}[spec.kind]
+    inter = _dlrm_arch(DenseSpec(inter_kind, spec.batch, dims=((f, d),), layers=spec.layers), under("inter_arch."),
+                       [dense, sparse])
+    return _dlrm_arch(DenseSpec("over_arch", spec.batch, sizes=(DLRM_OVER_HIDDEN, 1)), under("over_arch."), [inter])
+
+
 def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
     """The module's documented output for ``inputs`` under ``params``."""
     x, layers = inputs[0], spec.layers
@@ -99,4 +128,6 @@ def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
         return _mlp(spec, params, formulas.flatten_concat(inputs), "dense_module.")
     if spec.kind in DLRM_ARCHS:
         return _dlrm_arch(spec, params, inputs)
+    if spec.kind in DLRM_MODELS:
+        return _dlrm_model(spec, params, inputs[0])
     raise HarnessError(f"no reference for dense module kind {spec.kind!r}")

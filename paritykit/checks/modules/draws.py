@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from paritykit.checks.modules.dense_modules import (DLRM_ARCHS, MIXTURE_ACTIVATIONS, MLP_ACTIVATIONS,
+from paritykit.checks.modules.dense_modules import (DLRM_ARCHS, DLRM_MODELS, MIXTURE_ACTIVATIONS, MLP_ACTIVATIONS,
                                                     PERCEPTRON_ACTIVATIONS, SWISH, DenseSpec)
 
 DTYPES = ("float32", "float64")
@@ -94,6 +94,14 @@ def _dlrm_arch(draw: st.DrawFn, kind: str) -> DenseSpec:
     return DenseSpec(kind, batch, sizes=(draw(st.integers(1, 3)), draw(st.integers(1, 3))), dims=dims, dtype=dtype, seed=seed)
 
 
+@st.composite
+def _dlrm_model(draw: st.DrawFn, kind: str) -> DenseSpec:
+    tables = tuple(draw(st.lists(st.tuples(st.integers(1, 2), st.integers(2, 6)), min_size=1, max_size=3)))
+    # float32 only: an EBC moved to float64 still returns float32 pools (its tables' config data_type).
+    return DenseSpec(kind, draw(_batch), draw(st.integers(1, 5)), dims=tables, rank=draw(st.integers(1, 3)),
+                     layers=draw(st.integers(1, 2)), seed=draw(_seed))
+
+
 def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
     """Module family -> its strategy, in gate order."""
     return {
@@ -107,6 +115,7 @@ def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
         "factorization_machine": _fm(),
         "deep_fm": _deep_fm(),
         **{kind: _dlrm_arch(kind) for kind in DLRM_ARCHS},
+        **{kind: _dlrm_model(kind) for kind in DLRM_MODELS},
     }
 
 
@@ -128,4 +137,6 @@ PINNED: dict[str, tuple[DenseSpec, ...]] = {
     "interaction_dcn_arch": (DenseSpec("interaction_dcn_arch", 3, dims=((2, 2),), layers=2, rank=2),),
     # F1 != F2, so that Y and Z reshaped the other way round do not fit the same product.
     "interaction_projection_arch": (DenseSpec("interaction_projection_arch", 3, sizes=(2, 3), dims=((2, 2),)),),
+    # Two tables, one with two features: the KJT's keys come in reverse order of the EBC's.
+    **{kind: (DenseSpec(kind, 3, 4, dims=((2, 5), (1, 4)), rank=2, layers=2),) for kind in DLRM_MODELS},
 }
