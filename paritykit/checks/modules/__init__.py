@@ -8,6 +8,7 @@ tolerance.py         the bounds, and why
 draws.py             the drawn and pinned dense specs
 mc_reference.py      what MCHManagedCollisionModule with LFU eviction keeps (a pure-Python model)
 mc_cases.py          the remapper against the model; MC-EC/EBC against the remap plus a hand lookup
+mc_sharded_cases.py  an MC-EBC sharded row-wise: each shard's remapper against the model, a hand lookup
 known_broken.py      inputs torchrec gets wrong, run on purpose
 matrix.py            the gate entry
 plants.py            planted bugs

@@ -1,6 +1,7 @@
 """The modules check's gate entry: every dense module family (pinned specs, then drawn ones) against
 its formula, the managed-collision remapper against its eviction policy, MC-EC/EBC against the remap
-plus a hand lookup, and the known-broken reproductions. Everything runs in the caller, on CPU."""
+plus a hand lookup, an MC-EBC sharded row-wise on the ranks (mc_sharded_cases.py), and the
+known-broken reproductions. All on CPU; only the sharded MC-EBC needs a pool."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from paritykit.checks.modules.dense_cases import run_dense_case
 from paritykit.checks.modules.draws import PINNED, strategies
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN
 from paritykit.checks.modules.mc_lookup_cases import mc_properties
+from paritykit.checks.modules.mc_sharded_cases import pinned_specs, run_sharded_mc_case, sharded_mc_specs
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
@@ -26,6 +28,11 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
                                 explicit=PINNED[family])
     for strategy, body, pinned in mc_properties():
         results += run_property(NAME, strategy, body, config, case_id=lambda spec: spec.case_id(), explicit=pinned)
+    # The one sharded module here: an MC-EBC sharded row-wise, each shard's remapper against the model.
+    for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):
+        pool = pools.get(world_size)
+        results += run_property(NAME, sharded_mc_specs(world_size), lambda spec, pool=pool: run_sharded_mc_case(pool, spec),
+                                config, case_id=lambda spec: spec.case_id(), explicit=pinned_specs(world_size))
     for rule, (what, body) in KNOWN_BROKEN.items():
         results.append(run_case(NAME, f"known-broken {rule}: {what}", config, body))
     return results

@@ -187,3 +187,12 @@ def dlrm_interaction_keeps_self_dots() -> ContextManager[None]:
         return init
 
     return replaced(InteractionArch, "__init__", planted)
+
+
+@register("mc-evicted-rows-keep-their-embedding", check=CHECK)
+def mc_evicted_rows_keep_their_embedding() -> ContextManager[None]:
+    """A sharded MC-EC/EBC gives an evicted id's slot to a new id without re-initializing its row: the new
+    id inherits the trained embedding of the id it replaces (caught on the ranks: mc_sharded_cases.py)."""
+    from torchrec.distributed.mc_embedding_modules import BaseShardedManagedCollisionEmbeddingCollection
+
+    return replaced(BaseShardedManagedCollisionEmbeddingCollection, "_evict", lambda _original: lambda self, evictions: None)
