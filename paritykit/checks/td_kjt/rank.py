@@ -202,8 +202,9 @@ def report_case_on_rank(case: ShardedCase) -> RankReport:
     rank = dist.get_rank()
     if dist.get_world_size() != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, this group has {dist.get_world_size()}")
-    if local_world_size(case.world_size) != case.hosts.ranks_per_host:
-        # torchrec would resolve the plan's host indexes for other hosts than the case was written for.
+    if case.ranks_per_host is not None and local_world_size(case.world_size) != case.ranks_per_host:
+        # torchrec would resolve the plan's host indexes for other hosts than the case was written for
+        # (a case of no stated hosts takes the launch's: a torchrun launch of several hosts draws for them).
         raise HarnessError(f"case stands for {case.hosts.describe()}, this group for hosts of "
                            f"{local_world_size(case.world_size)} ranks")
     device = rank_device(case.device)
