@@ -11,7 +11,7 @@ from paritykit.errors import HarnessError, ParityError
 
 def test_a_spec_whose_shards_get_other_id_counts_in_a_later_forward_is_refused():
     with pytest.raises(HarnessError, match=r"step 1: ids per shard \[1, 1\], the first forward's \[2, 0\]"):
-        ShardedMCSpec(1 + 1, 2, 1, 5, (((1,), (2,)), ((1,), (7,))), ((0, 0), (0, 0)))
+        ShardedMCSpec(2, 2, 1, 5, (((1,), (2,)), ((1,), (7,))), ((0, 0), (0, 0)))
     with pytest.raises(HarnessError, match=r"ids \[10\] outside \[0, 10\)"):
         ShardedMCSpec(2, 2, 1, 5, (((1,), (10,)),), ((0, 0),))
 

@@ -4,10 +4,12 @@ unsharded module; the layouts they run on; and a planted cross-host bug they cat
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from paritykit.checks.runner import GateConfig
-from paritykit.checks.td_kjt.pinned import host_cases, pinned_cases
+from paritykit.checks.td_kjt.pinned import host_cases
 from paritykit.checks.td_kjt.rank import VS_UNSHARDED, check_case_on_rank, report_case_on_rank
 from paritykit.errors import HarnessError
 from paritykit.harness import plants
@@ -33,7 +35,7 @@ def test_host_cases_feed_ranks_of_one_host_batches_of_different_sizes():
 
 def test_a_case_for_several_hosts_is_refused_by_ranks_of_one_host():
     with pytest.raises(HarnessError, match="does not divide world size 4"):
-        pinned_cases(4, "cpu")[0].__class__(**{**host_cases(4, 2, "cpu")[0].__dict__, "ranks_per_host": 3})
+        dataclasses.replace(host_cases(4, 2, "cpu")[0], ranks_per_host=3)
 
 
 @pytest.mark.world_size(4)

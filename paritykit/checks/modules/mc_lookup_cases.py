@@ -39,7 +39,7 @@ def _module(spec: MCSpec) -> Any:
     return wrapper(embeddings, collection, return_remapped_features=True)
 
 
-def _batch(ids: tuple[int, ...], cut: int) -> Any:
+def two_feature_batch(ids: tuple[int, ...], cut: int) -> Any:
     """f0 gets ids[:cut], f1 the rest; each feature's ids are split over two samples."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -69,7 +69,7 @@ def _outputs(spec: MCSpec, embeddings: Any) -> dict[str, torch.Tensor]:
 
 def _step(spec: MCSpec, module: Any, rules: SlotRules, step: int) -> int:
     ids, cut = spec.steps[step], spec.cuts[step]
-    embeddings, remapped = module(_batch(ids, cut))
+    embeddings, remapped = module(two_feature_batch(ids, cut))
     rules.record(list(ids))
     if remapped is None or sorted(remapped.keys()) != sorted(FEATURES):
         raise ParityError(f"forward {step}: return_remapped_features=True returned {remapped!r} [{spec.case_id()}]")

@@ -26,10 +26,10 @@ import torch
 from hypothesis import strategies as st
 
 from paritykit.checks.modules.mc_cases import MCSpec, SlotRules
+from paritykit.checks.modules.mc_lookup_cases import FEATURES, two_feature_batch
 from paritykit.engine.tolerances import normwise
 from paritykit.errors import HarnessError, ParityError
 
-FEATURES = ("f0", "f1")
 DIM = 4  # the fused kernel takes widths that are multiples of 4
 
 
@@ -135,14 +135,6 @@ def _unsharded(spec: ShardedMCSpec) -> torch.nn.Module:
                                                         return_remapped_features=True))
 
 
-def _batch(ids: tuple[int, ...], cut: int) -> Any:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    f0, f1 = cut, len(ids) - cut
-    lengths = [f0 // 2, f0 - f0 // 2, f1 - f1 // 2, f1 // 2]
-    return KeyedJaggedTensor(keys=list(FEATURES), values=torch.tensor(ids, dtype=torch.int64), lengths=torch.tensor(lengths))
-
-
 def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     """Every forward's remapped ids (f0's, then f1's) and pooled embeddings on this rank, then the table
     gathered from the shards."""
@@ -151,10 +143,9 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     from paritykit.harness.sharded import gather_full_weights
-
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     rank = dist.get_rank()
     model = _unsharded(spec)
@@ -170,7 +161,7 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     initial = gather_full_weights(sharded)["t0"]
     forwards = []
     for step, (rank_ids, cuts) in enumerate(zip(spec.steps, spec.cuts)):
-        pooled, remapped = sharded(_batch(rank_ids[rank], cuts[rank]))
+        pooled, remapped = sharded(two_feature_batch(rank_ids[rank], cuts[rank]))
         features = remapped.to_dict()
         forwards.append({
             "slots": [i for key in FEATURES for i in features[key].values().tolist()],
