@@ -9,6 +9,8 @@ draws.py             the drawn and pinned dense specs
 mc_reference.py      what MCHManagedCollisionModule with LFU eviction keeps (a pure-Python model)
 mc_cases.py          the remapper against the model; MC-EC/EBC against the remap plus a hand lookup
 mc_sharded_cases.py  an MC-EBC sharded row-wise: each shard's remapper against the model, a hand lookup
+pool_reference.py    what TensorPool and KeyedJaggedTensorPool keep (a pure-Python model)
+pool_cases.py        the pools, unsharded and sharded row-wise, updated and looked up against the model
 known_broken.py      inputs torchrec gets wrong, run on purpose
 matrix.py            the gate entry
 plants.py            planted bugs
