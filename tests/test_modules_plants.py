@@ -11,9 +11,11 @@ from paritykit.checks.runner import GateConfig
 from paritykit.gate.selftest import run_clean, run_plant
 from paritykit.harness import plants
 
-from test_modules_mc_sharded import RANK_PLANTS  # noqa: E402 - caught on the ranks, tested there
+from test_modules_mc_sharded import RANK_PLANTS as MC_RANK_PLANTS  # noqa: E402 - caught on the ranks, tested there
+from test_modules_pools import RANK_PLANTS as POOL_RANK_PLANTS  # noqa: E402
 
-MODULE_PLANTS = sorted(name for name, plant in plants.PLANTS.items() if plant.check == "modules" and name not in RANK_PLANTS)
+MODULE_PLANTS = sorted(name for name, plant in plants.PLANTS.items()
+                       if plant.check == "modules" and name not in MC_RANK_PLANTS | POOL_RANK_PLANTS)
 # One drawn example per property: the pinned cases are what catch each plant (`paritykit selftest`,
 # with its default 3 examples, catches all of them too: docs/modules.md).
 SELFTEST = GateConfig(device="cpu", world_sizes=(2,), examples=1, seed=0, shrink=False)
@@ -63,6 +65,14 @@ def _remap(steps):
     return [module({"t": JaggedTensor(values=torch.tensor(ids), lengths=torch.tensor([len(ids)]))})["t"].values() for ids in steps]
 
 
+def _tensor_pool():
+    from torchrec.modules.tensor_pool import TensorPool
+
+    pool = TensorPool(pool_size=3, dim=1, dtype=torch.float32, device=torch.device("cpu"))
+    pool.update(torch.tensor([2, 0, 2]), torch.tensor([[1.0], [2.0], [3.0]]))
+    return [pool.lookup(torch.tensor([0, 1, 2]))]
+
+
 def _interaction():
     from torchrec.models.dlrm import InteractionArch
 
@@ -82,6 +92,7 @@ TORCHREC_NUMBERS = {
     # 1, 2, 3 fill the three slots; 4 then ties with 3 (one hit each).
     "lfu-ties-favour-new-ids": lambda: _remap([[1, 1, 2, 2, 3], [4], [3, 4]]),
     "dlrm-interaction-keeps-self-dots": _interaction,
+    "tensor-pool-update-keeps-first-duplicate": _tensor_pool,  # slot 2 written twice
 }
 
 

@@ -196,3 +196,28 @@ def mc_evicted_rows_keep_their_embedding() -> ContextManager[None]:
     from torchrec.distributed.mc_embedding_modules import BaseShardedManagedCollisionEmbeddingCollection
 
     return replaced(BaseShardedManagedCollisionEmbeddingCollection, "_evict", lambda _original: lambda self, evictions: None)
+
+
+@register("tensor-pool-update-keeps-first-duplicate", check=CHECK)
+def tensor_pool_update_keeps_first_duplicate() -> ContextManager[None]:
+    """TensorPool.update keeps the first of an id given twice, where its docstring keeps the last."""
+    import torchrec.modules.tensor_pool as tensor_pool
+
+    def planted(original):
+        def first_existence(ids):
+            reversed_ids = ids.flip(0)
+            unique, positions = original(reversed_ids)
+            return unique, ids.numel() - 1 - positions
+
+        return first_existence
+
+    return replaced(tensor_pool, "deterministic_dedup", planted)
+
+
+@register("sharded-tensor-pool-lookup-not-unbucketized", check=CHECK)
+def sharded_tensor_pool_lookup_not_unbucketized() -> ContextManager[None]:
+    """ShardedTensorPool returns a lookup's rows in shard order, not in the order of the ids asked for
+    (the unbucketize permutation skipped; caught on the ranks: pool_cases.py)."""
+    from torchrec.distributed.tensor_pool import TensorPoolAwaitable
+
+    return replaced(TensorPoolAwaitable, "_wait_impl", lambda _original: lambda self: self._awaitable.wait())

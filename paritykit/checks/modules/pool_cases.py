@@ -287,7 +287,7 @@ def pool_specs(draw: st.DrawFn, kind: str, world_size: int) -> PoolSpec:
 
 def pinned_pool_specs(kind: str, world_size: int, weighted: bool | None = None) -> tuple[PoolSpec, ...]:
     """Every rank updates ids of both shards of an uneven pool (5 rows: blocks of 3 and 2), out of shard
-    order, repeating one id; a rank looks up nothing in one step, and updates nothing in another; the
+    order, repeating one id; ids looked up out of shard order; a rank looks up nothing in one step, and updates nothing in another; the
     KJT's keys in another order than the pool's, with a key it does not keep, and weights. The KJT
     pool's known issues (above) change the steps they name where they apply."""
     every = tuple(range(5))
@@ -298,7 +298,7 @@ def pinned_pool_specs(kind: str, world_size: int, weighted: bool | None = None) 
         if kind == "kjt" and rule_kept_out(KJT_POOL_SHARD_ORDER):
             first = in_shard_order(first, 5, 2)
         blind = (3,) if kind == "kjt" and rule_kept_out(KJT_POOL_EMPTY_LOOKUP) else ()  # rank 1 looks up nothing
-        steps = (("update", first), ("lookup", ((1, 4), blind)), ("update", (idle, (0, 0))), ("lookup", (every, every)))
+        steps = (("update", first), ("lookup", ((4, 1), blind)), ("update", (idle, (0, 0))), ("lookup", (every, every)))
     elif world_size == 1:
         steps = (("update", ((4, 0, 4, 2, 3, 1),)), ("lookup", ((1, 4),)), ("update", ((0, 0),)), ("lookup", (every,)))
     else:
