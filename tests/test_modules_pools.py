@@ -8,7 +8,7 @@ import pytest
 
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN, SHARDED_KNOWN_BROKEN
 from paritykit.checks.modules.pool_cases import (PoolSpec, check_pool_results, in_shard_order, pinned_pool_specs,
-                                                 run_pool_case)
+                                                 run_pool_case, too_long_sample_is_refused)
 from paritykit.checks.modules.pool_reference import KJTPoolModel, TensorPoolModel
 from paritykit.errors import HarnessError, ParityError
 
@@ -89,3 +89,9 @@ def test_planted_lookup_in_shard_order_is_caught_on_the_ranks(rank_pool):
         with pytest.raises(ParityError, match=r"step 1 rank 0: lookup of ids \[4, 1\] returned rows"):
             run_pool_case(rank_pool, spec)
     assert run_pool_case(rank_pool, spec)["lookups"] == 2
+
+
+def test_the_kjt_pool_refuses_a_sample_longer_than_its_feature_max_length():
+    assert too_long_sample_is_refused(1, 2) == {"refused": 1}
+    with pytest.raises(HarnessError, match="needs a sample longer than the max length 2, got 2"):
+        too_long_sample_is_refused(2, 2)

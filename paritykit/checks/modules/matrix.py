@@ -13,7 +13,7 @@ from paritykit.checks.modules.draws import PINNED, strategies
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN, SHARDED_KNOWN_BROKEN
 from paritykit.checks.modules.mc_lookup_cases import mc_properties
 from paritykit.checks.modules.mc_sharded_cases import pinned_specs, run_sharded_mc_case, sharded_mc_specs
-from paritykit.checks.modules.pool_cases import pinned_pool_specs, pool_specs, run_pool_case
+from paritykit.checks.modules.pool_cases import pinned_pool_specs, pool_specs, run_pool_case, too_long_sample_is_refused
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
@@ -34,6 +34,9 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     for kind in ("tensor", "kjt"):
         results += run_property(NAME, pool_specs(kind, 1), lambda spec: run_pool_case(None, spec), config,
                                 case_id=lambda spec: spec.case_id(), explicit=pinned_pool_specs(kind, 1))
+    for max_length, length in ((1, 2), (3, 5)):
+        results.append(run_case(NAME, f"kjt-pool unsharded refuses a sample of {length} values for a feature of max length {max_length}",
+                                config, lambda max_length=max_length, length=length: too_long_sample_is_refused(max_length, length)))
     # The sharded modules here: an MC-EBC sharded row-wise, each shard's remapper against the model; the
     # object pools sharded row-wise, against the pool model fed every rank's updates.
     for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):

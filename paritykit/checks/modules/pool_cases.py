@@ -327,3 +327,22 @@ def empty_lookup_spec() -> PoolSpec:
     steps = (("update", ((3,), (2,))), ("lookup", ((3, 0), ())))
     return PoolSpec("kjt", 2, 4, "int64", "int64", steps, features=(("f0", 2), ("f1", 1)), input_keys=("f0", "f1"),
                     lengths=((((2, 1),), ((0, 0),)), None))
+
+
+def too_long_sample_is_refused(max_length: int, length: int) -> dict[str, int]:
+    """A KJT pool must refuse a sample with more values of a feature than its max length (its update
+    checks "the max_lengths of input is within the feature_max_lengths"): storing it would overrun the
+    slot's row of values."""
+    from torchrec.modules.keyed_jagged_tensor_pool import KeyedJaggedTensorPool
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    if length <= max_length:
+        raise HarnessError(f"a refusal case needs a sample longer than the max length {max_length}, got {length}")
+    pool = KeyedJaggedTensorPool(pool_size=2, feature_max_lengths={"f0": max_length, "f1": 1}, device=torch.device("cpu"))
+    kjt = KeyedJaggedTensor(keys=["f0", "f1"], values=torch.arange(length + 1), lengths=torch.tensor([0, length, 1, 0]), stride=2)
+    try:
+        pool.update(torch.tensor([0, 1]), kjt)
+    except (AssertionError, ValueError, RuntimeError):
+        return {"refused": 1}
+    raise ParityError(f"KeyedJaggedTensorPool(feature_max_lengths={{'f0': {max_length}, 'f1': 1}}).update accepted a sample "
+                      f"with {length} values of f0 (its max length is {max_length})")
