@@ -9,6 +9,9 @@
   classes that only name a fused fbgemm optimizer) never step and keep their arguments,
   ``add_param_group`` is not implemented, and a ``KeyedOptimizer`` does not load a state with
   another parameter count.
+- ``ZeroGradCase``: ``zero_grad(set_to_none=...)`` through each of torchrec's optimizer classes means
+  what torch's does: ``True`` leaves every gradient None, ``False`` a zero tensor (which optimizers
+  still step: momentum and weight decay move a parameter with a zero gradient, not one without).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.optim.dense_cases import _check, _grads, _params
-from paritykit.errors import ParityError
+from paritykit.errors import HarnessError, ParityError
 
 PLACEHOLDERS = ("SGD", "LarsSGD", "LAMB", "PartialRowWiseLAMB", "Adam", "PartialRowWiseAdam", "Adagrad")
 
@@ -49,6 +52,19 @@ class ContractCase:
 
     def case_id(self) -> str:
         return f"dense torchrec.optim refusals seed={self.seed}"
+
+
+ZERO_GRAD_WRAPPERS = ("keyed", "keyed_wrapper", "combined", "warmup", "clipping")
+
+
+@dataclass(frozen=True)
+class ZeroGradCase:
+    wrapper: str  # one of ZERO_GRAD_WRAPPERS
+    set_to_none: bool
+    seed: int = 0
+
+    def case_id(self) -> str:
+        return f"dense {self.wrapper}.zero_grad(set_to_none={self.set_to_none}) seed={self.seed}"
 
 
 class OuterSGD(torch.optim.Optimizer):
@@ -154,3 +170,41 @@ def run_contract(case: ContractCase) -> dict[str, Any]:
     _refuses("KeyedOptimizer with state for a tensor that is not one of its parameters", case, ValueError,
              lambda: KeyedOptimizer(dict(params), {stray: {"step": torch.tensor(0.0)}}, [{"params": list(params.values())}]))
     return {"placeholders": len(present), "refusals": len(present) + 4}
+
+
+def _zero_grad_optimizer(wrapper: str, params: dict[str, torch.nn.Parameter]) -> Any:
+    from torchrec.optim.clipping import GradientClipping, GradientClippingOptimizer
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.warmup import WarmupOptimizer
+
+    def keyed(names: list[str]) -> KeyedOptimizer:  # torchrec's base class: torch's zero_grad
+        return KeyedOptimizer({n: params[n] for n in names}, {}, [{"params": [params[n] for n in names]}])
+
+    names = list(params)
+    if wrapper == "keyed":
+        return keyed(names)
+    if wrapper == "keyed_wrapper":
+        return KeyedOptimizerWrapper(dict(params), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    if wrapper == "combined":
+        return CombinedOptimizer([("a", keyed(names[:1])), ("b", keyed(names[1:]))])
+    if wrapper == "warmup":
+        return WarmupOptimizer(keyed(names), [], lr=0.1)
+    if wrapper == "clipping":
+        return GradientClippingOptimizer(keyed(names), clipping=GradientClipping.NORM, max_gradient=1.0)
+    raise HarnessError(f"zero_grad case: unknown optimizer {wrapper!r} (one of {ZERO_GRAD_WRAPPERS})")
+
+
+def run_zero_grad(case: ZeroGradCase) -> dict[str, Any]:
+    params = _params(case.seed)
+    optimizer = _zero_grad_optimizer(case.wrapper, params)
+    for name, grad in _grads(case.seed, 0, params).items():
+        params[name].grad = grad
+    optimizer.zero_grad(set_to_none=case.set_to_none)
+    for name, param in params.items():
+        if case.set_to_none and param.grad is not None:
+            raise ParityError(f"{case.case_id()}: {name}'s gradient is a tensor after zero_grad(set_to_none=True), not None")
+        if not case.set_to_none and (param.grad is None or param.grad.shape != param.shape or bool(param.grad.any())):
+            got = "None" if param.grad is None else f"a tensor of shape {tuple(param.grad.shape)}, {int(param.grad.count_nonzero())} non-zero"
+            raise ParityError(f"{case.case_id()}: {name}'s gradient is {got} after zero_grad(set_to_none=False), not zeros "
+                              f"of shape {tuple(param.shape)}")
+    return {"parameters": len(params)}

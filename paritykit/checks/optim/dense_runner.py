@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from paritykit.checks.optim.contract_cases import ContractCase, SemiSyncCase, run_contract, run_semi_sync
+from paritykit.checks.optim.contract_cases import (ContractCase, SemiSyncCase, ZeroGradCase, run_contract, run_semi_sync,
+                                                   run_zero_grad)
 from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase, run_keyed, run_row_wise, run_schedule
 from paritykit.harness.seeding import stable_seed
 
 RUNNERS = {RowWiseCase: run_row_wise, ScheduleCase: run_schedule, KeyedCase: run_keyed, SemiSyncCase: run_semi_sync,
-           ContractCase: run_contract}
+           ContractCase: run_contract, ZeroGradCase: run_zero_grad}
 
 
 def is_dense_case(case: Any) -> bool:

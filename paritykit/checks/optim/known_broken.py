@@ -19,6 +19,8 @@ while their known-issues entry applies, and run on purpose as ``known-broken <ru
   and a changed local lr silently returns to its initial value.
 - ``warmup-inv-sqrt-first-stage``: a ``WarmupOptimizer`` whose first stage is ``INVSQRT`` computes
   1 / sqrt(0) for iteration 0 when it is built (ZeroDivisionError).
+- ``keyed-optimizer-wrapper-zero-grad-ignores-set-to-none``: ``KeyedOptimizerWrapper.zero_grad(set_to_none=False)``
+  calls the wrapped optimizer's ``zero_grad()`` without the argument: gradients become None.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Callable
 
 from paritykit.checks import known_issues
 from paritykit.checks.optim.cases import OptimCase
-from paritykit.checks.optim.contract_cases import SemiSyncCase
+from paritykit.checks.optim.contract_cases import SemiSyncCase, ZeroGradCase
 from paritykit.checks.optim.dense_cases import ScheduleCase
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.engine.optim_wrapping import HyperParameterChange, Warmup, WarmupStageSpec
@@ -98,6 +100,10 @@ def _linear_first(case: ScheduleCase) -> ScheduleCase:
     return dataclasses.replace(case, warmup=Warmup((linear, *rest), case.warmup.lr))
 
 
+def _keyed_wrapper_keeping_zeros(case: Any) -> bool:
+    return isinstance(case, ZeroGradCase) and case.wrapper == "keyed_wrapper" and not case.set_to_none
+
+
 RULES = (
     BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
     BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
@@ -105,6 +111,8 @@ RULES = (
     BrokenCombination("semi-sync-local-param-groups-not-restored", _semi_sync_local_lr_saved,
                       lambda case: dataclasses.replace(case, local_lr_factor=1.0)),
     BrokenCombination("warmup-inv-sqrt-first-stage", _inv_sqrt_first, _linear_first),
+    BrokenCombination("keyed-optimizer-wrapper-zero-grad-ignores-set-to-none", _keyed_wrapper_keeping_zeros,
+                      lambda case: dataclasses.replace(case, set_to_none=True)),
 )
 
 
@@ -137,5 +145,6 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
             label="update_hyper_parameters(lr)"),
         "semi-sync-local-param-groups-not-restored": SemiSyncCase(3, 0.7, "adam", resume_at=4, local_lr_factor=0.5),
         "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),
+        "keyed-optimizer-wrapper-zero-grad-ignores-set-to-none": ZeroGradCase("keyed_wrapper", False),
     }
 

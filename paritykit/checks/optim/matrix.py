@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 from paritykit.checks.optim.case_runner import run_optim_case
-from paritykit.checks.optim.contract_cases import ContractCase, SemiSyncCase
+from paritykit.checks.optim.contract_cases import ZERO_GRAD_WRAPPERS, ContractCase, SemiSyncCase, ZeroGradCase
 from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleCase
 from paritykit.checks.optim.dense_runner import dense_case_id, is_dense_case, run_dense_case
 from paritykit.checks.optim.draws import dense_cases, sharded_cases
 from paritykit.checks.optim.fused_module_cases import FusedModuleCase, fused_module_cases, run_fused_module_case
-from paritykit.checks.optim.known_broken import RULES, known_broken_cases
+from paritykit.checks.optim.known_broken import RULES, known_broken_cases, repair
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
@@ -57,6 +57,8 @@ def pinned_dense_cases() -> tuple:
         RowWiseCase((("eps", 1e-3), ("lr", 0.05), ("lr_decay", 0.1), ("weight_decay", 0.01)), resume_at=1, step_saved_as="float64"),
         RowWiseCase((("lr", 0.2),), steps=3, resume_at=2, step_saved_as="number"),
         ScheduleCase(WARMUP, 8, resume_at=3, in_combined=True),
+        # zero_grad both ways through every optimizer class (a known issue's combination repaired away)
+        *dict.fromkeys(repair(ZeroGradCase(wrapper, set_to_none)) for wrapper in ZERO_GRAD_WRAPPERS for set_to_none in (True, False)),
     )
 
 
