@@ -50,6 +50,9 @@ def _accessors(spec: JTSpec) -> None:
     expect_value(jt.lengths_or_none() is not None, "lengths" in spec.form, "jt.lengths_or_none() is not None")
     expect_value(jt.offsets_or_none() is not None, "offsets" in spec.form, "jt.offsets_or_none() is not None")
     expect_jt(jt, ref, "jt")
+    # Computed once, kept: "if not computed, return None" (a recomputation is a host read on a GPU).
+    expect_value(jt.lengths_or_none() is jt.lengths(), True, "jt.lengths_or_none() is jt.lengths() once computed")
+    expect_value(jt.offsets_or_none() is jt.offsets(), True, "jt.offsets_or_none() is jt.offsets() once computed")
     if ref.weights is not None:
         expect_array(jt.weights(), Array((len(ref.weights),), ref.weights, ref.weight_dtype), "jt.weights()")
     sizes = {"int32": 4, "int64": 8, "float16": 2, "float32": 4, "float64": 8}

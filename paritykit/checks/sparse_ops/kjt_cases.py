@@ -52,6 +52,12 @@ def _accessors(spec: KJTSpec) -> None:
     if not ref.variable:
         expect_value(kjt.size_in_bytes(), _size_in_bytes(ref, spec.form), "kjt.size_in_bytes()")
     expect_kjt(kjt, ref, "kjt")
+    # Computed once, kept: "None if not computed yet" (a recomputation is a host read on a GPU).
+    for name in ("lengths", "offsets"):
+        expect_value(getattr(kjt, f"{name}_or_none")() is getattr(kjt, name)(), True, f"kjt.{name}_or_none() is kjt.{name}() once computed")
+    for name in ("length_per_key", "offset_per_key"):
+        computed = getattr(kjt, name)()
+        expect_value(getattr(kjt, f"{name}_or_none")(), computed, f"kjt.{name}_or_none() once kjt.{name}() computed it")
     if ref.inverse is not None:
         expect_inverse(kjt.inverse_indices(), ref, "kjt (inverse_indices())")
     expect_value(kjt.unsync().length_per_key_or_none(), None, "kjt.unsync().length_per_key_or_none()")
