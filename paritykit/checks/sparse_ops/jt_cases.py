@@ -4,7 +4,7 @@
 weights, *_or_none, size_in_bytes), ``jt.empty``, ``jt.empty_like``, ``jt.from_dense``,
 ``jt.from_dense_lengths``, ``jt.to_dense+to_dense_weights``, ``jt.to_padded_dense+weights``
 (desired_length shorter or longer than the rows, or none; padding_value), ``jt.to``, ``jt.copy_``,
-``jt.pytree``. Values are ids or floats, 1-D or 2-D (sequence embeddings, as an EC returns them).
+``jt.pytree``, ``jt.refusals`` (the constructor's preconditions). Values are ids or floats, 1-D or 2-D (sequence embeddings, as an EC returns them).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from paritykit.checks.sparse_ops.reference import (
 from paritykit.checks.sparse_ops.rules import jt_padding_drawable
 from paritykit.checks.sparse_ops.specs import JTSpec, jt_specs
 from paritykit.checks.sparse_ops.values import FLOAT_DTYPES, INT_DTYPES, draw_values
+from paritykit.errors import ParityError
 
 ALL = INT_DTYPES + FLOAT_DTYPES
 # fbgemm's CPU jagged_to_padded_dense has no float64 version: pinned cases show it (unsupported).
@@ -175,6 +176,23 @@ def _move_copy_pytree(spec: JTSpec) -> None:
     expect_jt(pytree.tree_unflatten(leaves, tree), ref, "tree_unflatten(tree_flatten(jt))")
 
 
+def _refusals(spec: JTSpec) -> dict[str, int]:
+    """The constructor's preconditions: lengths or offsets given, and of an integer type."""
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    jt = build_jt(spec.reference(), spec.form)
+    wrong = {"float lengths": lambda: JaggedTensor(jt.values(), lengths=jt.lengths().float()),
+             "float offsets": lambda: JaggedTensor(jt.values(), offsets=jt.offsets().float()),
+             "neither lengths nor offsets": lambda: JaggedTensor(jt.values())}
+    for what, build in wrong.items():
+        try:
+            build()
+        except (AssertionError, ValueError, TypeError, RuntimeError):
+            continue
+        raise ParityError(f"JaggedTensor(...) with {what} was accepted (lengths {jt.lengths().tolist()})")
+    return {"refusals": len(wrong)}
+
+
 def jt_cases() -> list[OpCase]:
     specs = jt_specs(value_dtypes=ALL, weight_dtypes=FLOAT_DTYPES, dims=(0, 0, 2))
     widths = specs.flatmap(lambda s: st.builds(FromDenseLengths, st.just(s), st.integers(max(s.lengths, default=0), max(s.lengths, default=0) + 2)))
@@ -190,6 +208,8 @@ def jt_cases() -> list[OpCase]:
         OpCase("jt.to_dense+to_dense_weights", specs, _to_dense, PINNED_JTS),
         OpCase("jt.to_padded_dense+weights", _paddeds().filter(lambda p: jt_padding_drawable(p.jt, p.desired_length)), _padded, pinned_padded),
         OpCase("jt.to+copy_+pytree", specs, _move_copy_pytree, PINNED_JTS),
+        # An empty float lengths tensor has no element to be of the wrong type: drawn with rows only.
+        OpCase("jt.refusals", specs.filter(lambda s: s.lengths), _refusals, PINNED_JTS),
     ]
 
 
