@@ -16,7 +16,7 @@ from paritykit.checks.modules.known_broken import KNOWN_BROKEN, MLP_SWISH_DTYPE
 from paritykit.checks.modules.mc_cases import MCSpec, run_remapper_case
 from paritykit.checks.modules.mc_lookup_cases import PINNED as MC_PINNED
 from paritykit.checks.modules.mc_lookup_cases import run_lookup_case
-from paritykit.checks.modules.mc_reference import LfuTable
+from paritykit.checks.modules.mc_reference import EvictionTable
 from paritykit.checks.runner import GateConfig
 from paritykit.errors import ParityError
 from paritykit.gate.selftest import run_clean
@@ -53,7 +53,7 @@ def test_mixture_softmax_is_over_the_experts_of_each_sample():
 
 
 def test_lfu_model_keeps_the_most_frequent_ids_and_gives_ties_to_held_ids():
-    table = LfuTable(zch_size=6, eviction_interval=1)  # 5 ids hold slots
+    table = EvictionTable(zch_size=6, eviction_interval=1)  # 5 ids hold slots
     table.train_forward([10, 20, 10, 30])
     table.train_forward([20, 40, 50])
     assert sorted(table.counts.items()) == [(10, 2), (20, 2), (30, 1), (40, 1), (50, 1)]
@@ -64,10 +64,27 @@ def test_lfu_model_keeps_the_most_frequent_ids_and_gives_ties_to_held_ids():
 
 
 def test_lfu_model_records_until_the_eviction_interval():
-    table = LfuTable(zch_size=3, eviction_interval=2)
+    table = EvictionTable(zch_size=3, eviction_interval=2)
     assert table.train_forward([1, 2]) == [] and not table.holds(1)
     table.train_forward([2, 3, 3])
     assert sorted(table.counts) == [2, 3]
+
+
+def test_lru_model_keeps_the_most_recent_ids_ties_by_count_then_id():
+    table = EvictionTable(zch_size=3, eviction_interval=2, policy="lru", decay=2.0)  # 2 ids hold slots
+    table.train_forward([1, 1, 2])
+    table.train_forward([3, 4, 1])  # 1, 3 and 4 last seen now: 1 (three hits), then 3 (the smaller id)
+    assert sorted(table.counts) == [1, 3]
+    table.train_forward([5, 5, 5])
+    assert table.train_forward([2, 6, 5]) == [1, 3] and sorted(table.counts) == [2, 5]
+
+
+def test_distance_lfu_model_divides_the_count_by_the_age():
+    table = EvictionTable(zch_size=2, eviction_interval=3, policy="distance_lfu")  # 1 id holds a slot
+    for ids in ([1, 1, 1, 1, 1], [10, 11, 12, 13, 14], [2, 2, 20, 21, 22]):
+        table.train_forward(ids)
+    assert sorted(table.counts) == [2]  # 2 / 1 beats 5 / 3
+    assert table.score(5, 1) == pytest.approx(5 / 3)
 
 
 @pytest.mark.parametrize("spec", [spec for specs in PINNED.values() for spec in specs], ids=lambda spec: spec.kind)
@@ -79,24 +96,24 @@ def test_every_pinned_dense_case_matches_its_formula_with_every_gradient_compare
 
 
 @pytest.mark.parametrize("module", sorted(MC_PINNED))
-def test_every_pinned_managed_collision_case_follows_lfu_and_the_hand_lookup(module):
-    spec = MC_PINNED[module][0]
-    metrics = (run_remapper_case if module == "remapper" else run_lookup_case)(spec)
-    assert metrics["forwards"] >= len(spec.steps)
+def test_every_pinned_managed_collision_case_follows_its_policy_and_the_hand_lookup(module):
+    for spec in MC_PINNED[module]:
+        metrics = (run_remapper_case if module == "remapper" else run_lookup_case)(spec)
+        assert metrics["forwards"] >= len(spec.steps)
 
 
 def test_the_remapper_case_fails_when_the_model_is_given_other_ids():
     # A check that cannot fail proves nothing: a table of capacity 1 fed two ids keeps one of them.
     assert run_remapper_case(MCSpec("remapper", 2, 1, ((5, 6, 6),), (1,)))["ids_holding_slots"] == 1
-    with pytest.raises(ParityError, match="LFU gives this id no slot|holds a slot"):
+    with pytest.raises(ParityError, match="lfu gives this id no slot|holds a slot"):
         from paritykit.checks.modules import mc_reference
 
-        original = mc_reference.LfuTable.holds
-        mc_reference.LfuTable.holds = lambda self, id_: not original(self, id_)
+        original = mc_reference.EvictionTable.holds
+        mc_reference.EvictionTable.holds = lambda self, id_: not original(self, id_)
         try:
             run_remapper_case(MCSpec("remapper", 2, 1, ((5, 6, 6),), (1,)))
         finally:
-            mc_reference.LfuTable.holds = original
+            mc_reference.EvictionTable.holds = original
 
 
 def test_mlp_swish_layernorm_ignores_its_dtype_as_listed():

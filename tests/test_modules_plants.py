@@ -57,11 +57,12 @@ def _swish():
     return [SwishLayerNorm([3, 4])(_x(2, 3, 4))]
 
 
-def _remap(steps):
+def _remap(steps, policy=None):
     from torchrec.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
     from torchrec.sparse.jagged_tensor import JaggedTensor
 
-    module = MCHManagedCollisionModule(zch_size=4, device=torch.device("cpu"), eviction_policy=LFU_EvictionPolicy(), eviction_interval=1)
+    module = MCHManagedCollisionModule(zch_size=4, device=torch.device("cpu"), eviction_policy=policy or LFU_EvictionPolicy(),
+                                       eviction_interval=1)
     return [module({"t": JaggedTensor(values=torch.tensor(ids), lengths=torch.tensor([len(ids)]))})["t"].values() for ids in steps]
 
 
@@ -71,6 +72,12 @@ def _tensor_pool():
     pool = TensorPool(pool_size=3, dim=1, dtype=torch.float32, device=torch.device("cpu"))
     pool.update(torch.tensor([2, 0, 2]), torch.tensor([[1.0], [2.0], [3.0]]))
     return [pool.lookup(torch.tensor([0, 1, 2]))]
+
+
+def _lru():
+    from torchrec.modules.mc_modules import LRU_EvictionPolicy
+
+    return LRU_EvictionPolicy()
 
 
 def _interaction():
@@ -91,6 +98,9 @@ TORCHREC_NUMBERS = {
     "mch-default-slot-off-by-one": lambda: _remap([[1, 2, 3], [4]]),  # 4 finds the three slots held
     # 1, 2, 3 fill the three slots; 4 then ties with 3 (one hit each).
     "lfu-ties-favour-new-ids": lambda: _remap([[1, 1, 2, 2, 3], [4], [3, 4]]),
+    # 1, 2, 3 fill the three slots; 4 then replaces the least recent of them (a tie of three: the
+    # largest id), which the plant keeps.
+    "lru-keeps-least-recent": lambda: _remap([[1, 2, 3], [4], [1, 4]], _lru()),
     "dlrm-interaction-keeps-self-dots": _interaction,
     "tensor-pool-update-keeps-first-duplicate": _tensor_pool,  # slot 2 written twice
 }

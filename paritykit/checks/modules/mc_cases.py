@@ -1,5 +1,5 @@
-"""Managed collision: MCHManagedCollisionModule (LFU eviction) against the pure-Python model of what
-it keeps (mc_reference.py), and ManagedCollisionEmbeddingCollection / EmbeddingBagCollection against
+"""Managed collision: MCHManagedCollisionModule (LFU, LRU and DistanceLFU eviction) against the
+pure-Python model of what it keeps (mc_reference.py), and ManagedCollisionEmbeddingCollection / EmbeddingBagCollection against
 the remap followed by a lookup by hand.
 
 For the remapper, after every training forward: every output id lies in [offset, offset + zch_size);
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from hypothesis import strategies as st
 
-from paritykit.checks.modules.mc_reference import LfuTable
+from paritykit.checks.modules.mc_reference import POLICIES, EvictionTable
 from paritykit.errors import ParityError
 
 
@@ -35,10 +35,21 @@ class MCSpec:
     cuts: tuple[int, ...]
     offset: int = 0
     seed: int = 0
+    policy: str = "lfu"  # one of mc_reference.POLICIES
+    decay: float = 1.0  # LRU's and DistanceLFU's decay_exponent
 
     def case_id(self) -> str:
-        return (f"{self.module} zch_size={self.zch_size} eviction_interval={self.eviction_interval} offset={self.offset} "
+        policy = "" if self.policy == "lfu" else f" policy={self.policy} decay_exponent={self.decay:g}"
+        return (f"{self.module} zch_size={self.zch_size} eviction_interval={self.eviction_interval} offset={self.offset}{policy} "
                 f"steps={list(map(list, self.steps))} cuts={list(self.cuts)} seed={self.seed}")
+
+    def eviction_policy(self) -> Any:
+        from torchrec.modules.mc_modules import DistanceLFU_EvictionPolicy, LFU_EvictionPolicy, LRU_EvictionPolicy
+
+        if self.policy == "lfu":
+            return LFU_EvictionPolicy()
+        policy = LRU_EvictionPolicy if self.policy == "lru" else DistanceLFU_EvictionPolicy
+        return policy(decay_exponent=self.decay)
 
 
 @st.composite
@@ -50,14 +61,18 @@ def mc_specs(draw: st.DrawFn, module: str) -> MCSpec:
                           min_size=1, max_size=6).map(tuple))
     cuts = tuple(draw(st.integers(0, per_step)) for _ in steps)
     offset = draw(st.integers(0, 20)) if module == "remapper" else 0
-    return MCSpec(module, zch, draw(st.integers(1, 3)), steps, cuts, offset, draw(st.integers(0, 2**16)))
+    policy = draw(st.sampled_from(POLICIES))
+    # Exponents whose powers of small integers float32 holds exactly (the model compares the same scores).
+    decay = 1.0 if policy == "lfu" else draw(st.sampled_from((1.0, 2.0)))
+    return MCSpec(module, zch, draw(st.integers(1, 3)), steps, cuts, offset, draw(st.integers(0, 2**16)), policy, decay)
 
 
 class SlotRules:
     """The remapper's stated behaviour, checked output after output against the model."""
 
     def __init__(self, spec: MCSpec) -> None:
-        self.spec, self.model, self.slots = spec, LfuTable(spec.zch_size, spec.eviction_interval), {}
+        self.spec, self.slots = spec, {}
+        self.model = EvictionTable(spec.zch_size, spec.eviction_interval, spec.policy, spec.decay)
         self.default = spec.offset + spec.zch_size - 1
 
     def record(self, ids: list[int]) -> None:
@@ -72,10 +87,10 @@ class SlotRules:
                 raise ParityError(f"{what}: outside [{spec.offset}, {spec.offset + spec.zch_size})")
             if not self.model.holds(id_):
                 if slot != self.default:
-                    raise ParityError(f"{what}: LFU gives this id no slot, so it must get the default slot {self.default}")
+                    raise ParityError(f"{what}: {spec.policy} gives this id no slot, so it must get the default slot {self.default}")
                 continue
             if slot == self.default:
-                raise ParityError(f"{what}: the id holds a slot under LFU ({sorted(self.model.counts)}), not the default one")
+                raise ParityError(f"{what}: the id holds a slot under {spec.policy} ({sorted(self.model.counts)}), not the default one")
             if seen.setdefault(slot, id_) != id_:
                 raise ParityError(f"{what}: ids {seen[slot]} and {id_} share a slot")
             if self.slots.setdefault(id_, slot) != slot:
@@ -83,9 +98,9 @@ class SlotRules:
 
 
 def _remapper(spec: MCSpec) -> Any:
-    from torchrec.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
-    return MCHManagedCollisionModule(zch_size=spec.zch_size, device=torch.device("cpu"), eviction_policy=LFU_EvictionPolicy(),
+    return MCHManagedCollisionModule(zch_size=spec.zch_size, device=torch.device("cpu"), eviction_policy=spec.eviction_policy(),
                                      eviction_interval=spec.eviction_interval, output_global_offset=spec.offset)
 
 

@@ -25,14 +25,14 @@ def _module(spec: MCSpec) -> Any:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection, ManagedCollisionEmbeddingCollection
-    from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
+    from torchrec.modules.mc_modules import ManagedCollisionCollection, MCHManagedCollisionModule
 
     bagged = spec.module == "mc-ebc"
     config = (EmbeddingBagConfig if bagged else EmbeddingConfig)(name="t0", embedding_dim=DIM, num_embeddings=spec.zch_size,
                                                                  feature_names=list(FEATURES))
     cpu = torch.device("cpu")
     embeddings = EmbeddingBagCollection(tables=[config], device=cpu) if bagged else EmbeddingCollection(tables=[config], device=cpu)
-    remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=LFU_EvictionPolicy(),
+    remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=spec.eviction_policy(),
                                          eviction_interval=spec.eviction_interval)
     collection = ManagedCollisionCollection({"t0": remapper}, [config])
     wrapper = ManagedCollisionEmbeddingBagCollection if bagged else ManagedCollisionEmbeddingCollection
@@ -102,7 +102,13 @@ def run_lookup_case(spec: MCSpec) -> dict[str, Any]:
 
 
 PINNED = {
-    "remapper": (MCSpec("remapper", 6, 1, ((10, 20, 10, 30), (20, 40, 50, 20), (60, 70, 10, 10), (5, 60, 60, 60)), (2, 1, 4, 0), offset=7),),
+    "remapper": (MCSpec("remapper", 6, 1, ((10, 20, 10, 30), (20, 40, 50, 20), (60, 70, 10, 10), (5, 60, 60, 60)), (2, 1, 4, 0), offset=7),
+                 # LRU: the two most recent of three ids seen together stay, by count then id; later, ties by id.
+                 MCSpec("remapper", 3, 2, ((1, 1, 2), (3, 4, 1), (5, 5, 5), (2, 6, 5)), (1, 2, 0, 3), policy="lru", decay=2.0),
+                 # DistanceLFU: 2 (twice, just now: 2/1) beats 1 (five times, two forwards ago: 5/3); an age
+                 # off by one would keep 1 (5/4 against 2/2).
+                 MCSpec("remapper", 2, 3, ((1, 1, 1, 1, 1), (10, 11, 12, 13, 14), (2, 2, 20, 21, 22)), (2, 1, 3),
+                        policy="distance_lfu")),
     "mc-ec": (MCSpec("mc-ec", 5, 1, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1)), (2, 3)),),
     "mc-ebc": (MCSpec("mc-ebc", 5, 2, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1), (2, 2, 4, 4, 7)), (2, 3, 5)),),
 }

@@ -1,13 +1,18 @@
-"""What MCHManagedCollisionModule with LFU eviction keeps, as a pure-Python model (no torch).
+"""What MCHManagedCollisionModule keeps under its eviction policies, as a pure-Python model (no torch).
 
 The module owns zch_size slots. The last one, output_global_offset + zch_size - 1, is the default: an
 id without a slot is mapped to it, and it is never given to an id, so zch_size - 1 ids hold slots. In
-training, every forward appends the ids it sees to a history window; every ``eviction_interval``-th
-forward the window is coalesced: each id that holds a slot adds its count in the window to its
-count; the ids without one enter with their window count; the zch_size - 1 ids of highest count keep
-(or get) a slot. Ties go to the ids already holding a slot, then to the smaller id (the stable sorts of
-LFU_EvictionPolicy over the table in id order and the window's unique ids in count order). An id
-keeps its slot for as long as it stays. In eval mode nothing is recorded and the table does not change.
+training, forward n (counted from 1) appends the ids it sees to a history window; every
+``eviction_interval``-th forward the window is coalesced: each id that holds a slot adds its count in
+the window to its count and takes its last forward in the window as its last access; the ids without
+one enter with their window count and last access; the zch_size - 1 ids of highest score keep (or get)
+a slot. The score, per policy (current: the forward that coalesces; age = current - last access + 1):
+- LFU: the count;
+- LRU: -(age ** decay_exponent), the most recently seen first;
+- DistanceLFU: count / age ** decay_exponent, in float32 as torchrec computes it.
+Ties go to the ids already holding a slot, in id order, then to the new ids by window count and id (the
+stable sorts over the table in id order and the window's unique ids in count order). An id keeps its
+slot for as long as it stays. In eval mode nothing is recorded and the table does not change.
 
 The window is a buffer of int(first batch's ids x interval x 1.25) elements that silently drops what
 does not fit: the cases feed the same number of ids every forward, so that it never fills.
@@ -15,37 +20,65 @@ does not fit: the cases feed the same number of ids every forward, so that it ne
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+POLICIES = ("lfu", "lru", "distance_lfu")
+
+
+def float32(x: float) -> float:
+    """``x`` rounded to the nearest float32."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
 
 @dataclass
-class LfuTable:
+class EvictionTable:
     zch_size: int
     eviction_interval: int
+    policy: str = "lfu"
+    decay: float = 1.0  # LRU and DistanceLFU: exponents whose powers of small integers are exact
     counts: dict[int, int] = field(default_factory=dict)  # id -> count, for the ids holding a slot
-    window: list[int] = field(default_factory=list)
+    last: dict[int, int] = field(default_factory=dict)  # id -> its last access, for the ids holding a slot
+    window: list[tuple[int, int]] = field(default_factory=list)  # (id, forward)
     forwards: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"eviction policy {self.policy!r} is not one of {POLICIES}")
 
     @property
     def capacity(self) -> int:
         return self.zch_size - 1
 
+    def score(self, count: int, last: int) -> float:
+        age = float32(float(self.forwards - last + 1) ** self.decay)
+        if self.policy == "lfu":
+            return count
+        if self.policy == "lru":
+            return -age
+        return float32(count / age)
+
     def train_forward(self, ids: list[int]) -> list[int]:
         """Record one training forward's ids (every feature's, in order); the ids evicted by it."""
         self.forwards += 1
-        self.window += ids
+        self.window += [(i, self.forwards) for i in ids]
         if self.forwards % self.eviction_interval:
             return []
-        window, self.window = Counter(self.window), []
+        counts, seen = Counter(i for i, _ in self.window), {}
+        for i, forward in self.window:
+            seen[i] = max(seen.get(i, 0), forward)
+        self.window = []
         for held in self.counts:
-            self.counts[held] += window.get(held, 0)
-        held = sorted(self.counts.items())
-        new = sorted(((i, c) for i, c in window.items() if i not in self.counts), key=lambda item: (-item[1], item[0]))
-        ranked = sorted(held + new, key=lambda item: -item[1])  # stable: held ids first on ties
-        kept = dict(ranked[:self.capacity])
-        evicted = [i for i in self.counts if i not in kept]
-        self.counts = kept
+            self.counts[held] += counts.get(held, 0)
+            self.last[held] = seen.get(held, self.last[held])
+        held = [(i, self.counts[i], self.last[i]) for i in sorted(self.counts)]
+        new = sorted(((i, c, seen[i]) for i, c in counts.items() if i not in self.counts), key=lambda item: (-item[1], item[0]))
+        ranked = sorted(held + new, key=lambda item: -self.score(item[1], item[2]))  # stable: held ids first on ties
+        kept = ranked[:self.capacity]
+        evicted = [i for i in self.counts if i not in {k[0] for k in kept}]
+        self.counts = {i: c for i, c, _ in kept}
+        self.last = {i: t for i, _, t in kept}
         return evicted
 
     def holds(self, id_: int) -> bool:

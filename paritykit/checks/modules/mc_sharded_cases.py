@@ -6,7 +6,7 @@ ceil(input_hash_size / world_size) ids a block) and sends each id to the rank of
 remapper (``MCHManagedCollisionModule`` rebuilt for the shard: zch_size / world_size slots from
 rank x zch_size / world_size on, its last slot the default) remaps every id it receives, from every
 rank, and the table's rows of that range live there. So the oracle is one unsharded remapper model
-per shard (mc_cases.SlotRules over mc_reference.LfuTable, each fed every id routed to it in a forward),
+per shard (mc_cases.SlotRules over mc_reference.EvictionTable (LFU), each fed every id routed to it in a forward),
 and a lookup by hand: each rank's pooled embeddings are the sums of the gathered table's rows at the
 remapped ids it got back (norm-wise: a sum in another order), the table gathered after that forward
 (an eviction resets the rows it frees). Forward only: the remapper trains in every training-mode

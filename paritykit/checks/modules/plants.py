@@ -173,6 +173,20 @@ def lfu_ties_favour_new_ids() -> ContextManager[None]:
     return replaced(MCHEvictionPolicy, "_compute_selected_eviction_and_replacement_indices", planted)
 
 
+@register("lru-keeps-least-recent", check=CHECK)
+def lru_keeps_least_recent() -> ContextManager[None]:
+    """LRU eviction ranks its scores the wrong way round: the ids seen longest ago keep their slots."""
+    from torchrec.modules.mc_modules import LRU_EvictionPolicy
+
+    def planted(original):
+        def select(self, pivot, eviction_scores):
+            return original(self, pivot, torch.where(eviction_scores == -1, eviction_scores, -1.0 / eviction_scores))
+
+        return select
+
+    return replaced(LRU_EvictionPolicy, "_compute_selected_eviction_and_replacement_indices", planted)
+
+
 @register("dlrm-interaction-keeps-self-dots", check=CHECK)
 def dlrm_interaction_keeps_self_dots() -> ContextManager[None]:
     """DLRM's InteractionArch takes the upper triangle with its diagonal (every feature's dot with itself:
