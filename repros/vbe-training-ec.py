@@ -13,7 +13,9 @@ EmbeddingCollection "ec"), its tables with their initial weights (torch.randn fr
 generator), a sharding plan in the names of torchrec.distributed.sharding_plan, and each step's
 batch on each rank (ids per feature, row by row). The script spawns the ranks itself
 (torch.multiprocessing, gloo), shards the module with DistributedModelParallel and trains it, each
-rank on its own batch, with the tables' optimizer fused into the backward. On every rank it also
+rank on its own batch, with the tables' optimizer fused into the backward (where CONFIG has
+"ranks_per_host", the ranks stand for hosts of that many ranks, as torchrun's LOCAL_WORLD_SIZE,
+LOCAL_RANK and GROUP_RANK would tell torchrec on a real cluster). On every rank it also
 trains the same module unsharded on every rank's batch with torchrec's gradient semantics: the
 ranks' losses summed, each table's gradient divided by the world size (torchrec's default gradient
 division). Per step it compares what the module returned for each feature, then every table after
@@ -130,6 +132,9 @@ def run_rank(rank: int, world_size: int, scratch: str) -> None:
     try:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # tiny tensors: more threads only add overhead
+        local = ranks_per_host(world_size)
+        os.environ.update(LOCAL_WORLD_SIZE=str(local), LOCAL_RANK=str(rank % local), GROUP_RANK=str(rank // local),
+                          GROUP_WORLD_SIZE=str(world_size // local))
         dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=120))
         stage = "training the unsharded reference"
@@ -222,11 +227,16 @@ def with_fused_optimizer(module):
     return module
 
 
+def ranks_per_host(world_size: int) -> int:
+    return CONFIG.get("ranks_per_host") or world_size
+
+
 def module_plan(module, world_size: int):
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
     generators = {table: placement(table) for table in CONFIG["plan"]}
-    return construct_module_sharding_plan(module, generators, local_size=world_size, world_size=world_size, device_type="cpu")
+    return construct_module_sharding_plan(module, generators, local_size=ranks_per_host(world_size), world_size=world_size,
+                                          device_type="cpu")
 
 
 def optimizer(name: str):

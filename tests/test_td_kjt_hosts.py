@@ -66,3 +66,26 @@ def test_planted_twrw_output_split_by_host_index_is_caught_on_two_hosts(rank_poo
             assert "twrw-output-split-by-host-index" in str(failure)
             return
     assert any(VS_UNSHARDED in r.kinds() for r in reports)  # or it returns other rows
+
+
+def test_a_host_case_reproduction_runs_on_the_same_hosts_and_shows_the_planted_bug(tmp_path):
+    import subprocess
+    import sys
+
+    from paritykit.checks.td_kjt.divergence import configuration_of
+    from paritykit.gate.repro import script_text
+
+    fixed_batch = host_cases(4, 2, "cpu")[-1]  # TWRW, RW, TW and GRID tables; ranks of a host with 1-3 rows
+    configuration = configuration_of(fixed_batch)
+    assert configuration.ranks_per_host == 2 and "hosts=2x2" in configuration.describe()
+    path = tmp_path / "host_case.py"
+    path.write_text(script_text(configuration, "a case on two hosts of two ranks"))
+    assert "'ranks_per_host': 2" in path.read_text()
+
+    def run(*prefix: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, sys.executable, str(path)], capture_output=True, text=True, timeout=600)
+
+    clean = run()
+    assert (clean.returncode, clean.stdout.split(":")[0]) == (0, "OK"), clean.stdout + clean.stderr[-3000:]
+    planted = run(sys.executable, "-m", "paritykit", "plant", "twrw-output-split-by-host-index", "--")
+    assert planted.returncode == 1 and "REPRODUCED" in planted.stdout, planted.stdout + planted.stderr[-3000:]

@@ -38,7 +38,7 @@ def configurations_of(setup: TrainingSetup) -> tuple[ShardedConfiguration, ...]:
             weighted=bool(getattr(module, "is_weighted", lambda: False)()),
             need_indices=bool(getattr(module, "_need_indices", False)),
             optimizer=setup.embedding_optimizer.name, dense_optimizer=setup.dense_optimizer.name,
-            lr=setup.embedding_optimizer.lr, device=torch.device(setup.device).type, fqn=fqn,
+            lr=setup.embedding_optimizer.lr, device=torch.device(setup.device).type, fqn=fqn, ranks_per_host=setup.ranks_per_host,
             source=f"{getattr(setup.model_fn, '__qualname__', 'a model')} sharded over {setup.world_size} ranks"))
     return tuple(found)
 

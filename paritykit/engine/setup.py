@@ -60,6 +60,7 @@ def build_setup(
         dense_optimizer=require_dense_optimizer(OptimizerSpec.of(dense_optimizer, lr)),
         loss_fn=loss_fn or default_loss,
         device=device,
+        ranks_per_host=ranks_per_host,
     )
 
 

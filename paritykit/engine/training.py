@@ -47,6 +47,8 @@ class TrainingSetup:
     # How DMP and torchrec's collectives run it (sync collectives, gradient division, a hyper-parameter
     # schedule, quantized comms, meta init, copy, reshard): none may change the numbers.
     options: DmpOptions = field(default_factory=DmpOptions)
+    # The hosts the plan was resolved for (a pool's ranks_per_host); None: one host.
+    ranks_per_host: int | None = None
 
     @property
     def world_size(self) -> int:

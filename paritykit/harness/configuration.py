@@ -70,6 +70,8 @@ class ShardedConfiguration:
     feedings: tuple[str, ...] = ()
     fqn: str = ""  # where the module sits in a user's model
     source: str = ""  # what it was taken from (a check's case), for the reader
+    # The ranks stand for hosts of this many ranks each (torchrec reads LOCAL_WORLD_SIZE); None: one host.
+    ranks_per_host: int | None = None
 
     def kernel_of(self, table: str) -> str:
         if self.plan[table][0] == "data_parallel":
@@ -117,11 +119,17 @@ class ShardedConfiguration:
         flags += ["variable_batch=True"] if self.variable_batch else []
         flags += [] if self.train else ["forward only"]
         where = f" at {self.fqn!r}" if self.fqn else ""
-        return (f"{self.module}{where} world_size={self.world_size} {' '.join(flags)} optimizer={self.optimizer} "
+        hosts = f" hosts={self.world_size // self.ranks_per_host}x{self.ranks_per_host}" if self.on_several_hosts else ""
+        return (f"{self.module}{where} world_size={self.world_size}{hosts} {' '.join(flags)} optimizer={self.optimizer} "
                 f"lr={self.lr:g} steps={len(self.steps)} plan={describe_plan(self.plan)} tables=({tables})")
 
+    @property
+    def on_several_hosts(self) -> bool:
+        return self.ranks_per_host is not None and self.ranks_per_host < self.world_size
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        hosts = {"ranks_per_host": self.ranks_per_host} if self.on_several_hosts else {}  # one host: as before
+        return {**hosts, 
             "module": self.module, "world_size": self.world_size,
             "tables": [{"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
                         "feature_names": list(t.feature_names), "pooling": t.pooling, "init_seed": self.init_seed(t)}
@@ -141,7 +149,7 @@ class ShardedConfiguration:
         plan = {table: normalize_plan_entry(table, entry) for table, entry in data["plan"].items()}
         steps = tuple(tuple(_batch_from_json(batch) for batch in step) for step in data["steps"])
         scalars = {key: data[key] for key in ("weighted", "need_indices", "optimizer", "dense_optimizer", "lr", "seed",
-                                               "device", "train", "fqn", "source") if key in data}
+                                               "device", "train", "fqn", "source", "ranks_per_host") if key in data}
         scalars["feedings"] = tuple(data.get("feedings", ()))
         return cls(data["module"], data["world_size"], tables, plan, dict(data.get("kernels", {})), steps, **scalars)
 

@@ -165,5 +165,5 @@ def configuration_of(case: ShardingCase, device: str = "cpu") -> ShardedConfigur
     return ShardedConfiguration(case.module, case.world_size, case.tables, dict(case.plan),
                                 {t.name: case.kernel_of(t.name) for t in case.tables}, case.step_batches(), case.weighted,
                                 case.need_indices, optimizer_name(case.optimizer), optimizer_name(case.dense_optimizer),
-                                seed=case.seed, device=device,
+                                seed=case.seed, device=device, ranks_per_host=case.ranks_per_host,
                                 source=f"sharding check: {case.describe()}")

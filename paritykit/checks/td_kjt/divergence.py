@@ -73,7 +73,7 @@ def configuration_of(case: ShardedCase, step: int = 0) -> ShardedConfiguration:
     kernels = {t.name: ("dense" if case.plan[t.name][0] == "data_parallel" else case.kernel) for t in case.tables}
     return ShardedConfiguration(case.module, case.world_size, case.tables, dict(case.plan), kernels, (batches,),
                                 case.weighted, case.need_indices, seed=case.seed, device=case.device, train=case.train,
-                                source=f"td-kjt check, step {step} of: {case.describe()}")
+                                ranks_per_host=case.ranks_per_host, source=f"td-kjt check, step {step} of: {case.describe()}")
 
 
 def _rank_batch(rank_batch: Any) -> RankBatch:
