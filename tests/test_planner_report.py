@@ -11,7 +11,9 @@ import pytest
 from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
-from paritykit.checks.planner.report_rules import ONE_WIDER, captured_stats_table, frame_problems, perf_figure_problems, recorder
+from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, imbalance,
+                                                   imbalance_problems, parameter_row_problems, perf_figure_problems, recorder,
+                                                   shard_count_problems)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,36 @@ def test_torchrecs_own_report_keeps_the_rules(planned):
     rows, best_plan = planned
     assert rows and best_plan
     assert frame_problems(rows) == [] and perf_figure_problems(rows, best_plan) == [] and single_problems(best_plan, "cpu") == []
+    assert shard_count_problems(rows, best_plan, 4) == parameter_row_problems(rows, best_plan) == []
+    assert imbalance_problems(rows, best_plan, 4) == []
+
+
+def test_the_imbalance_statistics_are_zero_when_even_and_one_when_all_on_one_rank():
+    assert imbalance([0.25] * 4) == pytest.approx({"Total Variation": 0, "Total Distance": 0, "Chi Divergence": 0, "KL Divergence": 0})
+    assert imbalance([1.0, 0.0, 0.0]) == pytest.approx({"Total Variation": 2 / 3, "Total Distance": 4 / 3, "Chi Divergence": 1.0,
+                                                        "KL Divergence": 1.0})
+
+
+def _changed(rows: list[str], marker: str, old: str, new: str) -> list[str]:
+    at = next(i for i, row in enumerate(rows) if marker in row)
+    return rows[:at] + [rows[at].replace(old, new, 1)] + rows[at + 1:]
+
+
+def test_a_miscounted_shard_a_wrong_rank_or_imbalance_figure_is_caught(planned):
+    rows, best_plan = planned
+    first = best_plan[0]
+    row = next(r for r in rows if f" {first.fqn} " in r)
+    ranks = row.split()[-2]  # the last cell before the closing '#'
+    wrong_ranks = _changed(rows, f" {first.fqn} ", f" {ranks} ", " 9 ")
+    assert any("ranks '9'" in p for p in parameter_row_problems(wrong_ranks, best_plan))
+    shards = next(r for r in rows if r.split()[1:2] == ["0"] and ": " in r)  # rank 0's row
+    kind, count = shards.split()[-3].rstrip(":"), shards.split()[-2]
+    wrong_count = _changed(rows, shards, f"{kind}: {count}", f"{kind}: {int(count) + 1}")
+    assert any("rank 0's shards" in p for p in shard_count_problems(wrong_count, best_plan, 4))
+    at = next(i for i, row in enumerate(rows) if "Total Variation:" in row)
+    for value in ("0.900", "n/a"):
+        wrong_tv = rows[:at] + [f"# Total Variation: {value} #"] + rows[at + 1:]
+        assert any(f"Total Variation {value}" in p for p in imbalance_problems(wrong_tv, best_plan, 4))
 
 
 def test_a_row_wider_or_narrower_than_the_border_is_caught(planned):

@@ -68,7 +68,7 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
         planner = EmbeddingShardingPlanner(topology=topo, constraints=parameter_constraints(case),
                                            stats=[EmbeddingStats(), chosen])
         plan = planner.plan(module, get_default_sharders())
-    return plan, report_problems(rows, chosen.best_plan, device) + capacity_problems(chosen.best_plan, topo, device)
+    return plan, report_problems(rows, chosen.best_plan, device, topo.world_size) + capacity_problems(chosen.best_plan, topo, device)
 
 
 def storage_per_rank(options: list[Any]) -> dict[int, dict[str, int]]:

@@ -4,6 +4,13 @@
 - the statistics table ``EmbeddingStats`` logs is a box: every row is framed by ``#`` and as wide as
   its top border, unless its text is wider; the sum of the ranks' maximal perf components and the
   largest total perf it prints are those of the plan's shards, summed per rank here;
+- its per-rank rows count each rank's shards by sharding type, its parameter rows give each table's
+  sharding type, compute kernel, rows and the ranks of its shards, as the plan has them;
+- its perf imbalance statistics are those of the ranks' total perf p (normalized to sum 1) against
+  the uniform 1/k on k ranks, as the table's legend names them (0-1, higher more imbalanced): the
+  largest |p_i - 1/k|, the sum of |p_i - 1/k|, the chi-square divergence sum k (p_i - 1/k)^2 over
+  its largest value (all on one rank: k ((k-1)/k)^2 + (k-1)/k), and the KL divergence
+  sum p_i log(k p_i) over its largest value log k;
 - each chosen shard's estimates keep the rules of every option (estimate_rules.single_problems): its
   storage holds at least its weights and, pooled, one rank's output of the planner's batch, since a
   planner that estimates less than that overcommits memory.
@@ -13,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 from typing import Any, Iterator
 
@@ -24,6 +32,10 @@ ONE_WIDER = "# Estimated Sharding Distribution"
 STATS_LOGGER = "torchrec.distributed.planner.stats"
 # Perf figures are printed rounded to 3 decimals (ms).
 PRINTED_PERF_UNIT = 1e-3
+# The imbalance statistics are printed with 3 decimals: the printed value is within half a unit.
+PRINTED_IMBALANCE_HALF_UNIT = 0.5e-3 + 1e-9
+ABBREVIATIONS = {"data_parallel": "DP", "table_wise": "TW", "column_wise": "CW", "row_wise": "RW",
+                 "table_row_wise": "TWRW", "table_column_wise": "TWCW", "grid_shard": "GS"}
 
 
 def recorder() -> Any:
@@ -121,8 +133,103 @@ def perf_figure_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
     return problems
 
 
-def report_problems(rows: list[str], best_plan: list[Any] | None, device: str) -> list[str]:
+def _cells(row: str) -> list[str]:
+    return re.split(r"\s{2,}", row.strip().strip("#").strip())
+
+
+def _table(rows: list[str], first_header: str) -> list[dict[str, str]]:
+    """The data rows of the sub-table whose header row starts with ``first_header``, as {header: cell},
+    up to its first empty row; [] when the stack prints no such table."""
+    start = next((i for i, row in enumerate(rows) if _cells(row)[:1] == [first_header]), None)
+    if start is None:
+        return []
+    header, found = _cells(rows[start]), []
+    for row in rows[start + 2:]:  # past the row of dashes
+        cells = _cells(row)
+        if cells == [""]:
+            break
+        found.append(dict(zip(header, cells)) if len(cells) == len(header) else {"unparsed": row.strip()})
+    return found
+
+
+def shard_count_problems(rows: list[str], best_plan: list[Any], world_size: int) -> list[str]:
+    """Each rank's 'Shards' cell against the plan's shards on that rank, counted by sharding type (a
+    type the plan uses elsewhere shows 0)."""
+    counts = {rank: dict.fromkeys({ABBREVIATIONS[o.sharding_type] for o in best_plan}, 0) for rank in range(world_size)}
+    for option in best_plan:
+        for shard in option.shards:
+            counts[shard.rank][ABBREVIATIONS[option.sharding_type]] += 1
+    problems = []
+    for row in _table(rows, "Rank"):
+        if "unparsed" in row or not row.get("Rank", "").isdigit() or int(row["Rank"]) not in counts:
+            problems.append(f"the stats table's per-rank row {row.get('unparsed', row)!r} names no rank of {world_size}")
+            continue
+        printed = {kind: int(n) for kind, n in re.findall(r"(\w+): (\d+)", row.get("Shards", ""))}
+        if printed != counts[int(row["Rank"])]:
+            problems.append(f"the stats table counts rank {row['Rank']}'s shards as {printed}, the plan has {counts[int(row['Rank'])]}")
+    return problems
+
+
+def _printed_ranks(cell: str) -> list[int]:
+    """'0-3' (consecutive ranks) or '0,0,1'."""
+    if re.fullmatch(r"\d+-\d+", cell):
+        low, high = map(int, cell.split("-"))
+        return list(range(low, high + 1))
+    return sorted(int(rank) for rank in cell.split(",")) if re.fullmatch(r"\d+(,\d+)*", cell) else []
+
+
+def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
+    """Each table's parameter row against its sharding option: type, kernel, rows and its shards' ranks."""
+    printed = {row.get("FQN"): row for row in _table(rows, "FQN")}
+    problems = []
+    for option in best_plan:
+        row = printed.get(option.fqn)
+        if row is None:
+            problems.append(f"the stats table has no parameter row for {option.fqn}")
+            continue
+        wanted = {"Sharding": ABBREVIATIONS[option.sharding_type], "Compute Kernel": option.compute_kernel,
+                  "Hash Size": str(option.tensor.shape[0])}
+        for column, value in wanted.items():
+            if column in row and row[column] != value:
+                problems.append(f"the stats table gives {option.fqn} {column} {row[column]!r}, the plan {value!r}")
+        ranks = sorted(shard.rank for shard in option.shards)
+        if "Ranks" in row and _printed_ranks(row["Ranks"]) != ranks:
+            problems.append(f"the stats table gives {option.fqn} ranks {row['Ranks']!r}, its shards are on {ranks}")
+    return problems
+
+
+def imbalance(p: list[float]) -> dict[str, float]:
+    """The four imbalance statistics of a distribution over k ranks against the uniform one."""
+    k = len(p)
+    largest_chi = k * ((k - 1) / k) ** 2 + (k - 1) / k
+    chi = sum(k * (x - 1 / k) ** 2 for x in p)
+    kl = sum(x * math.log(k * x) for x in p if x > 0)
+    return {"Total Variation": max(abs(x - 1 / k) for x in p), "Total Distance": sum(abs(x - 1 / k) for x in p),
+            "Chi Divergence": chi / largest_chi if largest_chi > 0 else 0.0, "KL Divergence": kl / math.log(k) if k > 1 else 0.0}
+
+
+def imbalance_problems(rows: list[str], best_plan: list[Any], world_size: int) -> list[str]:
+    """The printed perf imbalance statistics against those of the ranks' total perf."""
+    totals = [sum((perf_per_rank(best_plan).get(rank) or {}).values()) for rank in range(world_size)]
+    start = next((i for i, row in enumerate(rows) if "Total Perf Imbalance Statistics" in row), None)
+    if start is None or sum(totals) <= 0:
+        return []
+    wanted = imbalance([t / sum(totals) for t in totals])
+    problems = []
+    for row in rows[start + 1:start + 1 + len(wanted)]:
+        found = re.match(r"#\s*([A-Za-z ]+): (\S+)", row)
+        if not found or found.group(1) not in wanted:
+            continue
+        printed = float(found.group(2)) if re.fullmatch(r"[0-9]+(\.[0-9]+)?", found.group(2)) else math.nan
+        if not abs(printed - wanted[found.group(1)]) <= PRINTED_IMBALANCE_HALF_UNIT:  # a NaN fails too
+            problems.append(f"the stats table prints the perf {found.group(1)} {found.group(2)}, the ranks' total perf "
+                            f"{[round(t, 6) for t in totals]} gives {wanted[found.group(1)]:.4f}")
+    return problems
+
+
+def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, world_size: int) -> list[str]:
     if best_plan is None:
         return ["the planner never handed its plan to the Stats it was given"]
     chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
-    return frame_problems(rows) + perf_figure_problems(rows, best_plan) + chosen[:4]
+    return (frame_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
+            + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size) + chosen[:4])
