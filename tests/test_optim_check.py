@@ -107,11 +107,11 @@ def test_the_optim_gate_entry_passes_and_marks_the_known_broken_cases(rank_pools
     assert sum(r.status == "pass" for r in results) >= len(pinned_cases(2)) + len(pinned_dense_cases())
 
 
-def test_zero_grad_is_pinned_both_ways_through_every_optimizer_class_but_the_known_issue():
+def test_zero_grad_is_pinned_both_ways_and_by_default_through_every_optimizer_class_but_the_known_issue():
     from paritykit.checks.optim.contract_cases import ZERO_GRAD_WRAPPERS, ZeroGradCase, run_zero_grad
     from paritykit.errors import HarnessError
 
     pinned = {(c.wrapper, c.set_to_none) for c in pinned_dense_cases() if isinstance(c, ZeroGradCase)}
-    assert pinned == {(w, s) for w in ZERO_GRAD_WRAPPERS for s in (True, False)} - {("keyed_wrapper", False)}
+    assert pinned == {(w, s) for w in ZERO_GRAD_WRAPPERS for s in (True, False, None)} - {("keyed_wrapper", False), ("keyed_wrapper", None)}
     with pytest.raises(HarnessError, match="unknown optimizer 'adam'"):
         run_zero_grad(ZeroGradCase("adam", True))

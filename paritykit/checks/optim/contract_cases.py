@@ -11,7 +11,8 @@
   another parameter count.
 - ``ZeroGradCase``: ``zero_grad(set_to_none=...)`` through each of torchrec's optimizer classes means
   what torch's does: ``True`` leaves every gradient None, ``False`` a zero tensor (which optimizers
-  still step: momentum and weight decay move a parameter with a zero gradient, not one without).
+  still step: momentum and weight decay move a parameter with a zero gradient, not one without);
+  without the argument, what the class's signature declares.
 """
 
 from __future__ import annotations
@@ -54,17 +55,26 @@ class ContractCase:
         return f"dense torchrec.optim refusals seed={self.seed}"
 
 
-ZERO_GRAD_WRAPPERS = ("keyed", "keyed_wrapper", "combined", "warmup", "clipping")
+# What zero_grad() does without the argument, as each class's signature says: KeyedOptimizer keeps
+# torch.optim.Optimizer's (True); torchrec's own wrappers declare set_to_none=False.
+ZERO_GRAD_DEFAULTS = {"keyed": True, "keyed_wrapper": False, "combined": False, "warmup": False, "clipping": False}
+ZERO_GRAD_WRAPPERS = tuple(ZERO_GRAD_DEFAULTS)
 
 
 @dataclass(frozen=True)
 class ZeroGradCase:
     wrapper: str  # one of ZERO_GRAD_WRAPPERS
-    set_to_none: bool
+    set_to_none: bool | None  # None: zero_grad() without the argument
     seed: int = 0
 
     def case_id(self) -> str:
-        return f"dense {self.wrapper}.zero_grad(set_to_none={self.set_to_none}) seed={self.seed}"
+        argument = "" if self.set_to_none is None else f"set_to_none={self.set_to_none}"
+        return f"dense {self.wrapper}.zero_grad({argument}) seed={self.seed}"
+
+    @property
+    def clears(self) -> bool:
+        """Whether the gradients must end None (else zero tensors)."""
+        return ZERO_GRAD_DEFAULTS[self.wrapper] if self.set_to_none is None else self.set_to_none
 
 
 class OuterSGD(torch.optim.Optimizer):
@@ -199,12 +209,11 @@ def run_zero_grad(case: ZeroGradCase) -> dict[str, Any]:
     optimizer = _zero_grad_optimizer(case.wrapper, params)
     for name, grad in _grads(case.seed, 0, params).items():
         params[name].grad = grad
-    optimizer.zero_grad(set_to_none=case.set_to_none)
+    optimizer.zero_grad() if case.set_to_none is None else optimizer.zero_grad(set_to_none=case.set_to_none)
     for name, param in params.items():
-        if case.set_to_none and param.grad is not None:
-            raise ParityError(f"{case.case_id()}: {name}'s gradient is a tensor after zero_grad(set_to_none=True), not None")
-        if not case.set_to_none and (param.grad is None or param.grad.shape != param.shape or bool(param.grad.any())):
+        if case.clears and param.grad is not None:
+            raise ParityError(f"{case.case_id()}: {name}'s gradient is a tensor, not None")
+        if not case.clears and (param.grad is None or param.grad.shape != param.shape or bool(param.grad.any())):
             got = "None" if param.grad is None else f"a tensor of shape {tuple(param.grad.shape)}, {int(param.grad.count_nonzero())} non-zero"
-            raise ParityError(f"{case.case_id()}: {name}'s gradient is {got} after zero_grad(set_to_none=False), not zeros "
-                              f"of shape {tuple(param.shape)}")
+            raise ParityError(f"{case.case_id()}: {name}'s gradient is {got}, not zeros of shape {tuple(param.shape)}")
     return {"parameters": len(params)}

@@ -101,7 +101,7 @@ def _linear_first(case: ScheduleCase) -> ScheduleCase:
 
 
 def _keyed_wrapper_keeping_zeros(case: Any) -> bool:
-    return isinstance(case, ZeroGradCase) and case.wrapper == "keyed_wrapper" and not case.set_to_none
+    return isinstance(case, ZeroGradCase) and case.wrapper == "keyed_wrapper" and not case.clears
 
 
 RULES = (

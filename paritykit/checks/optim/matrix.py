@@ -57,8 +57,8 @@ def pinned_dense_cases() -> tuple:
         RowWiseCase((("eps", 1e-3), ("lr", 0.05), ("lr_decay", 0.1), ("weight_decay", 0.01)), resume_at=1, step_saved_as="float64"),
         RowWiseCase((("lr", 0.2),), steps=3, resume_at=2, step_saved_as="number"),
         ScheduleCase(WARMUP, 8, resume_at=3, in_combined=True),
-        # zero_grad both ways through every optimizer class (a known issue's combination repaired away)
-        *dict.fromkeys(repair(ZeroGradCase(wrapper, set_to_none)) for wrapper in ZERO_GRAD_WRAPPERS for set_to_none in (True, False)),
+        # zero_grad both ways and without the argument through every optimizer class (a known issue's combination repaired away)
+        *dict.fromkeys(repair(ZeroGradCase(wrapper, set_to_none)) for wrapper in ZERO_GRAD_WRAPPERS for set_to_none in (True, False, None)),
     )
 
 
