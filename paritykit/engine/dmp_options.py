@@ -74,6 +74,7 @@ class DmpOptions:
     # DMP is given no plan and plans itself as the tutorial's users let it (EmbeddingShardingPlanner's
     # collective_plan: rank 0 plans, the plan is broadcast). The run's plan is then what the planner
     # makes in the caller for the same topology and sharders (dmp_planned), which the ranks' must equal.
+    # On CPU ranks it is given no device either (its documented default is the CPU).
     plan_by_dmp: bool = False
 
     def check(self, steps: int, embedding_optimizer: str) -> None:
@@ -154,7 +155,8 @@ class DmpOptions:
         from torchrec.distributed.types import ShardingEnv
 
         model = _on_meta(build()) if self.meta_model else build()
-        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device,
+        given_device = None if self.plan_by_dmp and device.type == "cpu" else device
+        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=given_device,
                                        plan=None if self.plan_by_dmp else sharding_plan, sharders=self._sharders(device),
                                        init_data_parallel=self.init_data_parallel, init_parameters=True)
         if self.plan_by_dmp:
