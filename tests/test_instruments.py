@@ -114,3 +114,13 @@ def test_a_replay_of_cases_the_gate_no_longer_draws_is_a_harness_error_not_a_kil
     stale = dataclasses.replace(next(c for c in cases if c.status == "pass"), short_id="0000000000")
     with pytest.raises(HarnessError, match="run `paritykit coverage` again"):
         run_mutant(mutant, change, torchrec_dir(), [stale], gate, timeout_s=300)
+
+
+def test_a_def_header_maps_to_its_function_body_and_nested_ones_are_left_out():
+    import ast
+
+    from paritykit.gate.mutate import def_headers
+
+    source = "def f(a,\n      b=1):\n    def g(c=2):\n        return c\n    return a + b\n\nclass C:\n    def m(self, x=3):\n        return x\n"
+    headers = def_headers(ast.parse(source))
+    assert headers == {1: (3, 5), 2: (3, 5), 8: (9, 9)}

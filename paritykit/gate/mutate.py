@@ -30,12 +30,32 @@ from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
 
+def def_headers(tree: ast.AST) -> dict[int, tuple[int, int]]:
+    """{line of a module-level or class-level ``def``'s header (its signature, defaults included):
+    (first, last) line of that function's body}. Nested functions are left out: their headers run
+    inside their enclosing function, where coverage records them."""
+    headers: dict[int, tuple[int, int]] = {}
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = child.body[0].lineno
+                headers.update(dict.fromkeys(range(child.lineno, first), (first, child.end_lineno)))
+            elif isinstance(child, ast.ClassDef):
+                visit(child)
+
+    visit(tree)
+    return headers
+
+
 def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
     """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory.
 
     A module-level line (an import, a constant, a ``def`` line with its defaults) runs once, at
     import, usually between cases; it counts as covered by every case that ran a line of the
-    file's functions, since those are what it defines.
+    file's functions, since those are what it defines. A ``def``'s header (a default changed) is
+    covered by the cases that ran that function's body, where there are any: only a call can read
+    a default.
     """
     by_label = {case.label: case for case in cases if case.status == "pass"}
     root = measured_root(load_cases(out_dir)[0])  # the same torchrec may lie elsewhere here
@@ -47,10 +67,15 @@ def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int
             continue
         by_line = {line: [by_label[label] for label in labels if label in by_label]
                    for line, labels in data.contexts_by_lineno(measured).items()}
-        in_functions, _, _ = function_spans(ast.parse(Path(measured).read_text()))
+        tree = ast.parse(Path(measured).read_text())
+        in_functions, _, _ = function_spans(tree)
         users = {case.label: case for line, running in by_line.items() if line in in_functions for case in running}
         lines = {line: running or (list(users.values()) if line not in in_functions else [])
                  for line, running in by_line.items()}
+        for line, (first, last) in def_headers(tree).items():
+            callers = {case.label: case for body in range(first, last + 1) for case in by_line.get(body, ())}
+            if line in lines and callers:
+                lines[line] = list(callers.values())
         lines = {line: running for line, running in lines.items() if running}
         if lines:
             covered[relative] = lines
