@@ -124,3 +124,13 @@ def test_a_def_header_maps_to_its_function_body_and_nested_ones_are_left_out():
     source = "def f(a,\n      b=1):\n    def g(c=2):\n        return c\n    return a + b\n\nclass C:\n    def m(self, x=3):\n        return x\n"
     headers = def_headers(ast.parse(source))
     assert headers == {1: (3, 5), 2: (3, 5), 8: (9, 9)}
+
+
+def test_a_constructors_line_is_told_apart_by_paths_through_its_whole_class():
+    from paritykit.gate.mutate import path_span_finder
+
+    source = "class A:\n    def __init__(self):\n        self.x = 1\n\n    def read(self):\n        return self.x\n\ndef f():\n    return 2\n"
+    span = path_span_finder(source)
+    assert span(3) == (1, 6)  # in __init__: the class
+    assert span(6) == (6, 6) and span(9) == (9, 9)  # elsewhere: the function's body
+    assert span(1) is None

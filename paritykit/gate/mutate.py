@@ -48,6 +48,26 @@ def def_headers(tree: ast.AST) -> dict[int, tuple[int, int]]:
     return headers
 
 
+def path_span_finder(source: str) -> Callable[[int], tuple[int, int] | None]:
+    """For a line, the span whose paths tell cases apart (``choose_cases``): the narrowest function
+    holding it, but for a constructor the whole class, since what ``__init__`` sets up shows in the
+    methods that read it (a removed ``self._x = x`` fails only on the path that reads ``_x``)."""
+    tree = ast.parse(source)
+    functions = function_spans(tree)[1]
+    classes = [(node.lineno, node.end_lineno) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+
+    def span(line: int) -> tuple[int, int] | None:
+        holding = {name: s for name, s in functions.items() if s[0] <= line <= s[1]}
+        if not holding:
+            return None
+        name, narrowest = min(holding.items(), key=lambda item: item[1][1] - item[1][0])
+        if name.rsplit(".", 1)[-1] == "__init__":
+            return innermost_function(classes, line) or narrowest
+        return narrowest
+
+    return span
+
+
 def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
     """{torchrec-relative file: {line: the passing cases that ran it}} from a coverage directory.
 
@@ -94,8 +114,8 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
     root = torchrec_dir()
     covered = covered_lines(coverage_dir, cases)
     breadth = case_breadth(covered)
-    # The function spans of a file a sampled mutant lies in, parsed once (a sample touches a few files).
-    spans = functools.cache(lambda file: list(function_spans(ast.parse((root / file).read_text()))[1].values()))
+    # The path spans of a file a sampled mutant lies in, parsed once (a sample touches a few files).
+    spans = functools.cache(lambda file: path_span_finder((root / file).read_text()))
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
     chosen = sample(everything, size, seed) if again is None else [mutant for mutant, _, _ in again]
     progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
@@ -119,7 +139,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
             outcome = MutantOutcome(mutant, change.before, change.after, SURVIVED, detail="no passing case runs its line")
         else:
             lines = covered[mutant.file]
-            paths = function_paths(lines, innermost_function(spans(mutant.file), mutant.line))
+            paths = function_paths(lines, spans(mutant.file)(mutant.line))
             picked = choose_cases(lines[mutant.line], max_cases, breadth, paths)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
             outcome = run_mutant(mutant, change, root, picked, gate, limit)
