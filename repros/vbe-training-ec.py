@@ -13,9 +13,8 @@ EmbeddingCollection "ec"), its tables with their initial weights (torch.randn fr
 generator), a sharding plan in the names of torchrec.distributed.sharding_plan, and each step's
 batch on each rank (ids per feature, row by row). The script spawns the ranks itself
 (torch.multiprocessing, gloo), shards the module with DistributedModelParallel and trains it, each
-rank on its own batch, with the tables' optimizer fused into the backward (where CONFIG has
-"ranks_per_host", the ranks stand for hosts of that many ranks, as torchrun's LOCAL_WORLD_SIZE,
-LOCAL_RANK and GROUP_RANK would tell torchrec on a real cluster). On every rank it also
+rank on its own batch, with the tables' optimizer fused into the backward (CONFIG's "ranks_per_host":
+the ranks stand for hosts of that many ranks, as torchrun would set them). On every rank it also
 trains the same module unsharded on every rank's batch with torchrec's gradient semantics: the
 ranks' losses summed, each table's gradient divided by the world size (torchrec's default gradient
 division). Per step it compares what the module returned for each feature, then every table after
@@ -132,7 +131,7 @@ def run_rank(rank: int, world_size: int, scratch: str) -> None:
     try:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # tiny tensors: more threads only add overhead
-        local = ranks_per_host(world_size)
+        local = CONFIG.get("ranks_per_host") or world_size
         os.environ.update(LOCAL_WORLD_SIZE=str(local), LOCAL_RANK=str(rank % local), GROUP_RANK=str(rank // local),
                           GROUP_WORLD_SIZE=str(world_size // local))
         dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=world_size,
@@ -189,8 +188,7 @@ def table_of(key: str) -> str:
 
 def initial_weight(name: str) -> torch.Tensor:
     table = next(t for t in CONFIG["tables"] if t["name"] == name)
-    generator = torch.Generator().manual_seed(table["init_seed"])
-    return torch.randn(table["num_embeddings"], table["embedding_dim"], generator=generator)
+    return torch.randn(table["num_embeddings"], table["embedding_dim"], generator=torch.Generator().manual_seed(table["init_seed"]))
 
 
 def placement(table: str):
@@ -227,24 +225,18 @@ def with_fused_optimizer(module):
     return module
 
 
-def ranks_per_host(world_size: int) -> int:
-    return CONFIG.get("ranks_per_host") or world_size
-
-
 def module_plan(module, world_size: int):
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
-    generators = {table: placement(table) for table in CONFIG["plan"]}
-    return construct_module_sharding_plan(module, generators, local_size=ranks_per_host(world_size), world_size=world_size,
-                                          device_type="cpu")
+    generators, local = {table: placement(table) for table in CONFIG["plan"]}, CONFIG.get("ranks_per_host") or world_size
+    return construct_module_sharding_plan(module, generators, local_size=local, world_size=world_size, device_type="cpu")
 
 
 def optimizer(name: str):
-    if name == "rowwise_adagrad":
-        from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim import RowWiseAdagrad
 
-        return RowWiseAdagrad, {"lr": CONFIG["lr"], "eps": 1e-8}
-    known = {"sgd": (torch.optim.SGD, {}), "adagrad": (torch.optim.Adagrad, {"eps": 1e-8}), "adam": (torch.optim.Adam, {})}
+    known = {"sgd": (torch.optim.SGD, {}), "adagrad": (torch.optim.Adagrad, {"eps": 1e-8}), "adam": (torch.optim.Adam, {}),
+             "rowwise_adagrad": (RowWiseAdagrad, {"eps": 1e-8})}
     cls, extra = known[name]
     return cls, {**extra, "lr": CONFIG["lr"]}
 
@@ -254,14 +246,11 @@ def kjt(batch: dict, expand: bool = False):
     size per feature, or with ``expand`` is repeated out to the output's rows (the reference's input)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    keys, ids, inverse = list(batch["ids"]), batch["ids"], batch.get("inverse")
-    weights = batch.get("weights")
+    keys, ids, inverse, weights = list(batch["ids"]), batch["ids"], batch.get("inverse"), batch.get("weights")
     rows = {k: [ids[k][i] for i in inverse[k]] if inverse and expand else ids[k] for k in keys}
     row_weights = {k: [weights[k][i] for i in inverse[k]] if inverse and expand else weights[k] for k in keys} if weights else None
-    kwargs = {}
-    if inverse and not expand:
-        kwargs["stride_per_key_per_rank"] = [[len(ids[k])] for k in keys]
-        kwargs["inverse_indices"] = (keys, torch.tensor([inverse[k] for k in keys], dtype=torch.int64))
+    kwargs = {"stride_per_key_per_rank": [[len(ids[k])] for k in keys],
+              "inverse_indices": (keys, torch.tensor([inverse[k] for k in keys], dtype=torch.int64))} if inverse and not expand else {}
     return KeyedJaggedTensor(
         keys=keys, values=torch.tensor([v for k in keys for row in rows[k] for v in row], dtype=torch.int64),
         lengths=torch.tensor([len(row) for k in keys for row in rows[k]], dtype=torch.int32),
