@@ -287,9 +287,9 @@ def pool_specs(draw: st.DrawFn, kind: str, world_size: int) -> PoolSpec:
 
 def pinned_pool_specs(kind: str, world_size: int, weighted: bool | None = None) -> tuple[PoolSpec, ...]:
     """Every rank updates ids of both shards of an uneven pool (5 rows: blocks of 3 and 2), out of shard
-    order, repeating one id; ids looked up out of shard order; a rank looks up nothing in one step, and updates nothing in another; the
-    KJT's keys in another order than the pool's, with a key it does not keep, and weights. The KJT
-    pool's known issues (above) change the steps they name where they apply."""
+    order, repeating one id; ids looked up out of shard order; a rank looks up nothing in one step and
+    updates nothing in another; the KJT's keys in another order than the pool's, with a key it does not
+    keep, and weights. The KJT pool's known issues (above) change the steps they name where they apply."""
     every = tuple(range(5))
     # Rank 0 updates nothing in the second update, but where that is a known issue of the KJT pool.
     idle = (2,) if kind == "kjt" and rule_kept_out(KJT_POOL_EMPTY_UPDATE) else ()

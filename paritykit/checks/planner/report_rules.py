@@ -210,7 +210,8 @@ def imbalance(p: list[float]) -> dict[str, float]:
 
 def imbalance_problems(rows: list[str], best_plan: list[Any], world_size: int) -> list[str]:
     """The printed perf imbalance statistics against those of the ranks' total perf."""
-    totals = [sum((perf_per_rank(best_plan).get(rank) or {}).values()) for rank in range(world_size)]
+    per_rank = perf_per_rank(best_plan)
+    totals = [sum(per_rank.get(rank, {}).values()) for rank in range(world_size)]
     start = next((i for i, row in enumerate(rows) if "Total Perf Imbalance Statistics" in row), None)
     if start is None or sum(totals) <= 0:
         return []
