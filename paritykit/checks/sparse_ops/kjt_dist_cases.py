@@ -6,6 +6,9 @@
   delivers them) and the recat that reorders them key-major. paritykit lays the received tensors
   out and computes the recat itself (segment-level, or per sample when the ranks' batch sizes
   differ, as torchrec's ``_get_recat`` does); the reference joins the ranks' rows key by key.
+  With a stagger s (TWRW passes the number of hosts) the ranks are joined host-interleaved:
+  ``x + W/s * y`` for x in range(W/s), y in range(s); a VBE KJT's strides must follow that order.
+  A stagger of 1 is also left to dist_init's default.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ def _dist_splits(spec: DistSplits) -> None:
 class DistInit:
     ranks: tuple[KJTSpec, ...]  # what each rank sent: the same keys; VBE specs have one rank each
     recat: bool  # without a recat (one rank only) the received order is kept
+    stagger: int = 1  # divides the number of ranks
+
+
+def staggered_order(world: int, stagger: int) -> list[int]:
+    """The order in which a staggered recat joins the ranks (the hosts' i-th ranks together)."""
+    return [x + world // stagger * y for x in range(world // stagger) for y in range(stagger)]
 
 
 @st.composite
@@ -78,14 +87,17 @@ def _dist_init_specs(draw: st.DrawFn) -> DistInit:
                 lengths_dtypes=(first.lengths_dtype,), inverse=False)
     if draw(st.booleans()) and first.strides is None:
         same["batch"] = first.batch_size  # every rank the same batch size (else one per rank)
-    others = draw(st.lists(kjt_specs(**same), max_size=2))
+    others = draw(st.lists(kjt_specs(**same), max_size=3))
     ranks = (first,) + tuple(replace(spec, keys=first.keys) for spec in others)
-    return DistInit(ranks, recat=len(ranks) > 1 or draw(st.booleans()))
+    recat = len(ranks) > 1 or draw(st.booleans())
+    staggers = [s for s in range(1, len(ranks) + 1) if len(ranks) % s == 0] if recat else [1]
+    return DistInit(ranks, recat, draw(st.sampled_from(staggers)))
 
 
-def _received(refs: list[RefKJT]) -> tuple[list[torch.Tensor], torch.Tensor | None, list[int] | None]:
+def _received(refs: list[RefKJT], stagger: int) -> tuple[list[torch.Tensor], torch.Tensor | None, list[int] | None]:
     """The tensors as the all-to-all delivers them (rank-major), the recat, the batch size per rank."""
     first, world, keys = refs[0], len(refs), len(refs[0].keys)
+    order = staggered_order(world, stagger)
     lengths = [n for ref in refs for n in ref.flat_lengths()]
     tensors = [flat_tensor(lengths, first.lengths_dtype), flat_tensor([v for ref in refs for v in ref.flat_values()], first.value_dtype)]
     if first.variable:
@@ -94,12 +106,12 @@ def _received(refs: list[RefKJT]) -> tuple[list[torch.Tensor], torch.Tensor | No
         tensors.append(flat_tensor([w for ref in refs for w in ref.flat_weights()], first.weight_dtype))
     batches = None if first.variable else [ref.batch_size for ref in refs]
     if first.variable or len(set(batches)) == 1:
-        recat = [r * keys + k for k in range(keys) for r in range(world)]  # (rank, key) segments, key-major
+        recat = [r * keys + k for k in range(keys) for r in order]  # (rank, key) segments, key-major
     else:  # batch size differs per rank: one index per sample
         starts = [0]
         for ref in refs:
             starts.append(starts[-1] + keys * ref.batch_size)
-        recat = [starts[r] + k * refs[r].batch_size + i for k in range(keys) for r in range(world) for i in range(refs[r].batch_size)]
+        recat = [starts[r] + k * refs[r].batch_size + i for k in range(keys) for r in order for i in range(refs[r].batch_size)]
     return tensors, torch.tensor(recat, dtype=torch.int32), batches
 
 
@@ -107,10 +119,13 @@ def _dist_init(spec: DistInit) -> None:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     refs = [rank.reference() for rank in spec.ranks]
-    tensors, recat, batches = _received(refs)
-    kjt = KeyedJaggedTensor.dist_init(list(refs[0].keys), tensors, refs[0].variable, len(refs),
-                                      recat if spec.recat else None, batches)
-    expect_kjt(kjt, kjt_join_ranks(refs), f"KeyedJaggedTensor.dist_init(... {len(refs)} ranks, recat={spec.recat})", inverse=False)
+    tensors, recat, batches = _received(refs, spec.stagger)
+    args = (list(refs[0].keys), tensors, refs[0].variable, len(refs), recat if spec.recat else None, batches)
+    # a stagger of 1 is left to the default (torchrec's own callers always pass it)
+    kjt = KeyedJaggedTensor.dist_init(*args, stagger=spec.stagger) if spec.stagger > 1 else KeyedJaggedTensor.dist_init(*args)
+    joined = kjt_join_ranks([refs[r] for r in staggered_order(len(refs), spec.stagger)])
+    expect_kjt(kjt, joined, f"KeyedJaggedTensor.dist_init(... {len(refs)} ranks, recat={spec.recat}, stagger={spec.stagger})",
+               inverse=False)
 
 
 def _vbe_rank(spec: KJTSpec, samples: tuple[int, ...], seed: int) -> KJTSpec:
@@ -126,6 +141,9 @@ def kjt_dist_cases() -> list[OpCase]:
         DistInit((fixed_rank, replace(fixed_rank, seed=7)), True),
         DistInit((fixed_rank, other_rank), True),
         DistInit((vbe, _vbe_rank(PINNED_VBE, (1, 3, 0), 8), _vbe_rank(PINNED_VBE, (0, 2, 2), 9)), True),
+        DistInit(tuple(_vbe_rank(PINNED_VBE, n, 10 + i) for i, n in enumerate(((2, 0, 1), (1, 3, 0), (0, 2, 2), (3, 1, 1)))), True),
+        DistInit(tuple(_vbe_rank(PINNED_VBE, n, 20 + i) for i, n in enumerate(((1, 2, 0), (2, 1, 3), (0, 1, 1), (2, 2, 1)))), True, 2),
+        DistInit((fixed_rank, other_rank, replace(other_rank, seed=11), replace(fixed_rank, seed=12)), True, 2),
     )
     pinned_splits = tuple(DistSplits(s, (1, 0, len(s.keys) - 1)) for s in PINNED_KJTS)
     return [

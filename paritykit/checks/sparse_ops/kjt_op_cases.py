@@ -87,6 +87,10 @@ def _permute(spec: Permute) -> None:
     tensor = torch.tensor(list(spec.indices), dtype=torch.int32) if spec.indices_tensor else None
     permuted = refused_dtype(lambda: kjt.permute(list(spec.indices), tensor),
                              f"kjt.permute of {ref.value_dtype} values, {ref.weight_dtype} weights{' (VBE)' if ref.variable else ''}")
+    # Checked first, before an accessor computes them: permute reads the lengths per key to size
+    # its output, and the result keeps them (reading them again is another host read on a GPU).
+    expect_value(permuted.length_per_key_or_none(), [ref.length_per_key()[i] for i in spec.indices],
+                 f"kjt.permute({list(spec.indices)}).length_per_key_or_none()")
     expect_kjt(permuted, kjt_permute(ref, list(spec.indices)), f"kjt.permute({list(spec.indices)})", inverse=False)
 
 
