@@ -221,3 +221,29 @@ def test_cases_taking_different_paths_through_the_mutated_function_replay_first(
     assert choose_cases(lines[11], 4, breadth, paths) == [branch, plain, broad, other_plain]
     # Without the paths: the broadest of each check, then the fastest.
     assert choose_cases(lines[11], 4, breadth) == [broad, branch, plain, other_plain]
+
+
+def test_a_store_replays_the_cases_that_read_it_first():
+    from paritykit.gate.mutant_run import case_breadth, choose_cases, function_paths, line_paths
+    from paritykit.gate.mutate import attribute_reader_finder
+
+    source = ("class Dist:\n"                       # 1
+              "    def setup(self, dims):\n"        # 2
+              "        self._dims = list(dims)\n"   # 3
+              "        self._other = 0\n"           # 4
+              "    def forward(self, x, mean):\n"   # 5
+              "        if mean:\n"                  # 6
+              "            return x / self._dims\n" # 7
+              "        return x + self._other\n")   # 8
+    readers = attribute_reader_finder(source)
+    assert readers(3) == frozenset({7}) and readers(4) == frozenset({8}) and readers(6) == frozenset()
+    plain, other_plain = _case("sharding", "plain", 1.0), _case("sharding", "plain2", 1.5)
+    mean, broad = _case("td-kjt", "mean", 4.0), _case("pipeline", "broad", 9.0)
+    lines = {3: [plain, other_plain, mean, broad], 4: [plain, other_plain, mean, broad], 6: [plain, other_plain, mean, broad],
+             7: [mean], 8: [plain, other_plain, broad], 20: [broad], 21: [broad]}
+    breadth = case_breadth({"a.py": lines})
+    paths = function_paths(lines, (2, 4))  # every case takes the one path through setup
+    # Only the mean case reads what line 3 stores: it replays first, though it is neither the
+    # fastest nor the broadest; with a limit of 2 the broadest of the other checks follows.
+    assert choose_cases(lines[3], 2, breadth, paths, line_paths(lines, readers(3))) == [mean, broad, plain]
+    assert choose_cases(lines[3], 2, breadth, paths) == [plain, broad, mean]

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from paritykit.errors import HarnessError
 from paritykit.gate.coverage_run import CoveredCase
@@ -52,13 +52,16 @@ class MutantOutcome:
 
 
 def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, int] | None = None,
-                 paths: dict[str, frozenset[int]] | None = None) -> list[CoveredCase]:
+                 paths: dict[str, frozenset[int]] | None = None,
+                 readers: dict[str, frozenset[int]] | None = None) -> list[CoveredCase]:
     """Up to ``limit`` of the cases covering a line.
 
     With ``paths`` (each case's lines of the function holding the mutated line, ``function_paths``):
     first, for up to half the limit, the cases that take the most different paths through that
     function (greedy: each adds the most lines of it no case chosen so far ran; the fastest on a tie),
-    since a mutant shows on the path that reaches what it changed; then the broadest case of each
+    since a mutant shows on the path that reaches what it changed; ahead of them, with ``readers``
+    (each case's lines among those that read what the mutated line stores, ``line_paths``), the
+    cases that run those lines the same way, since a store shows where it is read; then the broadest case of each
     check (the one running the most torchrec lines: the fastest cases are the smallest, which run the
     line in its plainest form); then the other different paths; then the fastest of each check, then
     the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths.
@@ -66,8 +69,9 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
     Every check covering the line keeps one case even beyond ``limit`` (its broadest, else its
     fastest): the checks compare different things, so a mutant one check misses another may see."""
     by_speed = sorted(candidates, key=lambda case: (case.duration_s, case.label))
+    reading = _different_paths(by_speed, readers) if readers else []
     different = _different_paths(by_speed, paths) if paths else []
-    chosen: list[CoveredCase] = different[: max(1, limit // 2)]
+    chosen: list[CoveredCase] = (reading + [case for case in different if case not in reading])[: max(1, limit // 2)]
 
     def add(cases: list[CoveredCase]) -> None:
         chosen.extend(case for case in cases if case not in chosen)
@@ -109,10 +113,13 @@ def _different_paths(by_speed: list[CoveredCase], paths: dict[str, frozenset[int
 
 def function_paths(lines: dict[int, list[CoveredCase]], span: tuple[int, int] | None) -> dict[str, frozenset[int]]:
     """{case label: the lines of ``span`` (a function's first and last line) that the case ran}."""
-    if span is None:
-        return {}
+    return line_paths(lines, range(span[0], span[1] + 1)) if span is not None else {}
+
+
+def line_paths(lines: dict[int, list[CoveredCase]], among: Iterable[int]) -> dict[str, frozenset[int]]:
+    """{case label: the lines of ``among`` that the case ran}."""
     paths: dict[str, set[int]] = {}
-    for line in range(span[0], span[1] + 1):
+    for line in among:
         for case in lines.get(line, ()):
             paths.setdefault(case.label, set()).add(line)
     return {label: frozenset(ran) for label, ran in paths.items()}

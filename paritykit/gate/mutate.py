@@ -25,7 +25,8 @@ from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, meas
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
-                                       case_breadth, choose_cases, function_paths, innermost_function, run_mutant)
+                                       case_breadth, choose_cases, function_paths, innermost_function, line_paths,
+                                       run_mutant)
 from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
@@ -66,6 +67,30 @@ def path_span_finder(source: str) -> Callable[[int], tuple[int, int] | None]:
         return narrowest
 
     return span
+
+
+def attribute_reader_finder(source: str) -> Callable[[int], frozenset[int]]:
+    """For a line, the lines of the file that read an attribute a statement on that line stores on
+    ``self`` (``self._dim_per_key = ...`` -> every ``._dim_per_key`` read). What a method sets up
+    shows where it is read, often on a path of its own (a removed store fails only there), which
+    the paths through the storing function cannot tell apart."""
+    tree = ast.parse(source)
+    stored: dict[int, set[str]] = {}  # statement line -> the attributes it stores on self
+    reads: dict[str, set[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.attr for target in targets for t in ast.walk(target)
+                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                stored.setdefault(line, set()).update(names)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            reads.setdefault(node.attr, set()).add(node.lineno)
+
+    def readers(line: int) -> frozenset[int]:
+        return frozenset(read for name in stored.get(line, ()) for read in reads.get(name, ()))
+
+    return readers
 
 
 def covered_lines(out_dir: Path, cases: list[CoveredCase]) -> dict[str, dict[int, list[CoveredCase]]]:
@@ -116,6 +141,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
     breadth = case_breadth(covered)
     # The path spans of a file a sampled mutant lies in, parsed once (a sample touches a few files).
     spans = functools.cache(lambda file: path_span_finder((root / file).read_text()))
+    readers = functools.cache(lambda file: attribute_reader_finder((root / file).read_text()))
     everything = population(root, {file: set(lines) for file, lines in covered.items()})
     chosen = sample(everything, size, seed) if again is None else [mutant for mutant, _, _ in again]
     progress(f"{len(everything)} mutants in scope ({sum(len(v) for v in covered.values())} covered lines of "
@@ -140,7 +166,8 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
         else:
             lines = covered[mutant.file]
             paths = function_paths(lines, spans(mutant.file)(mutant.line))
-            picked = choose_cases(lines[mutant.line], max_cases, breadth, paths)
+            reading = line_paths(lines, readers(mutant.file)(mutant.line))
+            picked = choose_cases(lines[mutant.line], max_cases, breadth, paths, reading)
             limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
             outcome = run_mutant(mutant, change, root, picked, gate, limit)
             if journal:
