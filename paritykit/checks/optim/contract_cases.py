@@ -4,7 +4,8 @@
   ``global_step`` after every ``num_local_steps``-th) with a DiLoCo-style global optimizer (outer SGD
   on the pseudo-gradient ``anchor - params``), a change of the local lr, optionally resumed from its
   state dict with its param groups, against the same loop written out with torch's optimizer and
-  the outer update by hand;
+  the outer update by hand; optionally the last parameter held by the global optimizer only, which
+  ``params`` and the state dict must still carry;
 - ``ContractCase``: what torchrec.optim documents it refuses: its placeholder optimizers (the
   classes that only name a fused fbgemm optimizer) never step and keep their arguments,
   ``add_param_group`` is not implemented, and a ``KeyedOptimizer`` does not load a state with
@@ -39,12 +40,17 @@ class SemiSyncCase:
     resume_at: int | None = None
     local_lr_factor: float = 1.0  # the user's change of the local optimizer's lr before step 1
     seed: int = 0
+    global_only: bool = False  # the last parameter is held by the global optimizer only
 
     def case_id(self) -> str:
         resume = f" resume before step {self.resume_at}" if self.resume_at is not None else ""
         change = f" local lr x{self.local_lr_factor:g} before step 1" if self.local_lr_factor != 1.0 else ""
-        return (f"dense semi-sync local={self.local} every {self.num_local_steps} outer_lr={self.outer_lr}{change} "
+        only = " last param global-only" if self.global_only else ""
+        return (f"dense semi-sync local={self.local} every {self.num_local_steps} outer_lr={self.outer_lr}{change}{only} "
                 f"steps={self.steps}{resume} seed={self.seed}")
+
+    def local_names(self, names: list[str]) -> list[str]:
+        return names[:-1] if self.global_only else names
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ def _semi_sync(case: SemiSyncCase, params: dict[str, torch.nn.Parameter]):
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.semi_sync import SemisyncOptimizer
 
-    local = KeyedOptimizerWrapper(dict(params), lambda ps: _local(case, ps))
+    local = KeyedOptimizerWrapper({n: params[n] for n in case.local_names(list(params))}, lambda ps: _local(case, ps))
     outer = KeyedOptimizerWrapper(dict(params), lambda ps: OuterSGD(ps, case.outer_lr))
     optimizer = SemisyncOptimizer(list(params.values()), local, outer, num_local_steps=case.num_local_steps)
     optimizer.save_param_groups(True)
@@ -117,7 +123,8 @@ def _semi_sync(case: SemiSyncCase, params: dict[str, torch.nn.Parameter]):
 def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
     theirs, ours = _params(case.seed), _params(case.seed)
     optimizer = _semi_sync(case, theirs)
-    reference = _local(case, list(ours.values()))
+    _expect_params(case, optimizer, list(theirs))
+    reference = _local(case, [ours[n] for n in case.local_names(list(ours))])
     anchors = {name: p.detach().clone() for name, p in ours.items()}
     for step in range(case.steps):
         if step == case.resume_at:
@@ -128,6 +135,7 @@ def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
                 for name, p in theirs.items():
                     p.copy_(weights[name])
             optimizer.load_state_dict(saved)
+            _expect_params(case, optimizer, list(theirs))
         if step == 1:
             # The local optimizer's groups come first in SemisyncOptimizer.param_groups.
             for group in list(optimizer.param_groups)[: len(optimizer._optimizer.param_groups)] + list(reference.param_groups):
@@ -144,6 +152,20 @@ def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
                     p.copy_(anchors[name])
         _check(f"parameters after step {step}", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
     return {"steps": case.steps, "global_steps": case.steps // case.num_local_steps}
+
+
+def _expect_params(case: SemiSyncCase, optimizer: Any, names: list[str]) -> None:
+    """``params`` is both optimizers' parameters (by key) and the two step counters; the state dict
+    holds every parameter's state (a global-only one keeps its anchor through a checkpoint)."""
+    from torchrec.optim.semi_sync import SEMISYNC_GLOBAL_STEP_COUNTER_KEY, SEMISYNC_LOCAL_STEP_COUNTER_KEY
+
+    expected = set(names) | {SEMISYNC_GLOBAL_STEP_COUNTER_KEY, SEMISYNC_LOCAL_STEP_COUNTER_KEY}
+    if set(optimizer.params) != expected:
+        raise ParityError(f"{case.case_id()}: SemisyncOptimizer.params has keys {sorted(optimizer.params)}, "
+                          f"expected both optimizers' parameters and the step counters {sorted(expected)}")
+    missing = sorted(set(names) - set(optimizer.state_dict()["state"]))
+    if missing:
+        raise ParityError(f"{case.case_id()}: SemisyncOptimizer.state_dict() has no state for {missing}")
 
 
 def _refuses(what: str, case: ContractCase, error: type, call: Any) -> None:

@@ -133,7 +133,8 @@ def dense_cases(draw: Any) -> Any:
     if kind == "semi-sync":
         return repair(SemiSyncCase(draw(st.integers(1, 3)), draw(st.sampled_from((0.3, 0.7, 1.0))), draw(st.sampled_from(("sgd", "adam"))),
                                    steps=draw(st.integers(3, 7)), resume_at=draw(st.none() | st.integers(1, 2)),
-                                   local_lr_factor=draw(st.sampled_from((1.0, 0.5))), seed=seed))
+                                   local_lr_factor=draw(st.sampled_from((1.0, 0.5))), seed=seed,
+                                   global_only=draw(st.booleans())))
     if kind == "rowwise":
         kwargs = {"lr": draw(st.sampled_from(LRS)), "lr_decay": draw(st.sampled_from((0.0, 0.05, 0.5))),
                   "weight_decay": draw(st.sampled_from((0.0, 0.01, 0.1))), "eps": draw(st.sampled_from((1e-10, 1e-8, 1e-3))),

@@ -52,6 +52,7 @@ def pinned_dense_cases() -> tuple:
         KeyedCase((0.5, 2.0), resume_at=2),
         SemiSyncCase(3, 0.7, "adam", resume_at=4),
         SemiSyncCase(2, 0.5, "sgd", resume_at=1, local_lr_factor=0.5),  # the lr change after the resume
+        SemiSyncCase(2, 0.7, "sgd", resume_at=3, global_only=True),  # a parameter only the global optimizer holds
         ContractCase(),
         # resumed from checkpoints storing the steps as float64 tensors and as numbers (step_forms.py)
         RowWiseCase((("eps", 1e-3), ("lr", 0.05), ("lr_decay", 0.1), ("weight_decay", 0.01)), resume_at=1, step_saved_as="float64"),
