@@ -55,6 +55,9 @@ def traffic_constraints(case: PlannerCase, pooling_factor: float, num_poolings: 
                                          num_poolings=[num_poolings] * len(t.feature_names), **dtype) for t in case.tables}
 
 
+RESERVED_HBM = 0.15  # the share of HBM the planner's default storage reservation keeps
+
+
 def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
     """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``,
     and what its statistics report gets wrong about that plan (report_rules.py)."""
@@ -62,13 +65,18 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
     from torchrec.distributed.planner.stats import EmbeddingStats
     from torchrec.distributed.sharding_plan import get_default_sharders
 
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
     chosen = recorder()
     with quiet_planner(), captured_stats_table() as rows:
         topo = topology(case, device)
+        # the reservation the planner makes by default, given here so that the report's share is known
         planner = EmbeddingShardingPlanner(topology=topo, constraints=parameter_constraints(case),
+                                           storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_HBM),
                                            stats=[EmbeddingStats(), chosen])
         plan = planner.plan(module, get_default_sharders())
-    return plan, report_problems(rows, chosen.best_plan, device, topo.world_size) + capacity_problems(chosen.best_plan, topo, device)
+    return plan, (report_problems(rows, chosen.best_plan, device, topo.world_size, topo, RESERVED_HBM)
+                  + capacity_problems(chosen.best_plan, topo, device))
 
 
 def storage_per_rank(options: list[Any]) -> dict[int, dict[str, int]]:

@@ -11,6 +11,11 @@
   largest |p_i - 1/k|, the sum of |p_i - 1/k|, the chi-square divergence sum k (p_i - 1/k)^2 over
   its largest value (all on one rank: k ((k-1)/k)^2 + (k-1)/k), and the KL divergence
   sum p_i log(k p_i) over its largest value log k;
+- each 'Maximum of' a perf component (and of the total) is the largest of the ranks' sums, on ranks
+  that have it, named as a run 'a-b' where they are consecutive; the mean total perf and the percent
+  by which the maximum exceeds it are those of the ranks' totals;
+- the reserved and planning memory are the reservation's share of the topology's HBM and the rest
+  (with its DDR), the peak HBM pressure tiers numbered from 1 at the highest, each on its own ranks;
 - each chosen shard's estimates keep the rules of every option (estimate_rules.single_problems): its
   storage holds at least its weights and, pooled, one rank's output of the planner's batch, since a
   planner that estimates less than that overcommits memory.
@@ -228,9 +233,98 @@ def imbalance_problems(rows: list[str], best_plan: list[Any], world_size: int) -
     return problems
 
 
-def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, world_size: int) -> list[str]:
+# The rows "Maximum of <label>: <ms> ms on rank(s) <ranks>" and the perf component each names.
+MAXIMA = {"Total Perf": PERF_COMPONENTS, "Forward Compute": ("fwd_compute",), "Forward Comms": ("fwd_comms",),
+          "Backward Compute": ("bwd_compute",), "Backward Comms": ("bwd_comms",), "Prefetch Compute": ("prefetch_compute",)}
+GB = 1024 ** 3
+
+
+def _ranks_text_problem(what: str, word: str, text: str) -> str | None:
+    """How a set of ranks must read: 'rank 2', or 'ranks a-b' for a run of consecutive ranks, else
+    'ranks 0,2'."""
+    ranks = _printed_ranks(text)
+    consecutive = len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1))
+    if not ranks or word != ("ranks" if len(ranks) > 1 else "rank") or ("-" in text) != consecutive:
+        return f"the stats table names the ranks of {what} as {word} {text!r}"
+    return None
+
+
+def maxima_problems(rows: list[str], best_plan: list[Any], world_size: int) -> list[str]:
+    """Each 'Maximum of X: v ms on ranks R': v the largest of the ranks' X, R ranks that have it
+    (within the roundoff of two sums in other orders); the mean total perf and how much greater the
+    maximum is than it, in percent."""
+    per_rank = perf_per_rank(best_plan)
+    problems = []
+    for label, components in MAXIMA.items():
+        values = [sum(per_rank.get(rank, {}).get(c, 0.0) for c in components) for rank in range(world_size)]
+        top = max(values)
+        for row in rows:
+            found = re.search(rf"Maximum of {label}: (\S+) ms on (ranks?) (\S+)", row)
+            if not found:
+                continue
+            near = {rank for rank, value in enumerate(values) if value >= top - 1e-9 * max(1.0, abs(top))}
+            if abs(float(found.group(1)) - top) > PRINTED_PERF_UNIT:
+                problems.append(f"the stats table prints Maximum of {label}: {found.group(1)} ms, the ranks' largest is {top:.4f}")
+            elif not set(_printed_ranks(found.group(3))) <= near:
+                problems.append(f"the stats table puts the Maximum of {label} on ranks {found.group(3)}, the ranks' values are {values}")
+            problems.append(_ranks_text_problem(f"the Maximum of {label}", found.group(2), found.group(3)))
+    totals = [sum(per_rank.get(rank, {}).values()) for rank in range(world_size)]
+    mean = sum(totals) / world_size
+    mean_printed = _printed(rows, "Mean Total Perf")
+    if mean_printed is not None and abs(mean_printed - mean) > PRINTED_PERF_UNIT:
+        problems.append(f"the stats table prints Mean Total Perf: {mean_printed} ms, the ranks' mean is {mean:.4f}")
+    for row in rows:
+        found = re.search(r"Max Total Perf is (\S+)% greater than the mean", row)
+        if found and mean > 0 and not math.isclose(float(found.group(1)), (max(totals) - mean) / mean * 100, rel_tol=5e-3, abs_tol=1e-3):
+            problems.append(f"the stats table prints Max Total Perf {found.group(1)}% above the mean, the ranks' totals {totals} give "
+                            f"{(max(totals) - mean) / mean * 100:.4g}%")
+    return [problem for problem in problems if problem]
+
+
+def _row_value(rows: list[str], after: str, pattern: str) -> re.Match | None:
+    """The first match of ``pattern`` in the rows below the first row holding ``after``."""
+    start = next((i for i, row in enumerate(rows) if after in row), None)
+    return None if start is None else next(filter(None, (re.search(pattern, row) for row in rows[start + 1:])), None)
+
+
+def memory_problems(rows: list[str], topology: Any, reserved: float) -> list[str]:
+    """The reserved and the planning memory: ``reserved`` of the first device's HBM, and the rest of
+    it with all of its DDR (in GB), each as a percent of the HBM; and the peak HBM pressure tiers:
+    numbered 1, 2, ... from the highest, on ranks no other tier names."""
+    storage, problems = topology.devices[0].storage, []
+    expected = {"Reserved Memory:": (reserved * storage.hbm / GB, None, reserved),
+                "Planning Memory:": ((1 - reserved) * storage.hbm / GB, storage.ddr / GB, 1 - reserved)}
+    for section, (hbm, ddr, share) in expected.items():
+        found = _row_value(rows, section, r"HBM: ([0-9.]+) GB(?:, DDR: ([0-9.]+) GB)?")
+        percent = _row_value(rows, section, r"Percent of Total HBM: (-?[0-9]+)%")
+        if found is None or percent is None:
+            continue
+        if abs(float(found.group(1)) - hbm) > 1e-3 or (ddr is not None and abs(float(found.group(2) or "nan") - ddr) > 1e-3):
+            problems.append(f"the stats table's {section} {found.group(0)!r}: the topology's HBM {storage.hbm} and DDR {storage.ddr} "
+                            f"bytes with {reserved:.0%} reserved give HBM {hbm:.3f} GB" + ("" if ddr is None else f", DDR {ddr:.3f} GB"))
+        if int(percent.group(1)) != round(share * 100):
+            problems.append(f"the stats table's {section} is {percent.group(1)}% of the HBM, the planner reserves {reserved:.0%}")
+    tiers = [(int(n), float(gb), _printed_ranks(ranks)) for n, gb, ranks in
+             (m.groups() for m in (re.search(r"Top Tier #(-?\d+) Estimated Peak HBM Pressure: ([0-9.]+) GB on ranks? (\S+)", row)
+                                   for row in rows) if m)]
+    numbers = sorted(n for n, _, _ in tiers)
+    by_number = sorted(tiers)
+    named = [rank for _, _, ranks in tiers for rank in ranks]
+    if numbers != list(range(1, len(tiers) + 1)) or any(a[1] < b[1] for a, b in zip(by_number, by_number[1:])) \
+            or len(named) != len(set(named)):
+        problems.append(f"the stats table's peak HBM pressure tiers {[(n, gb, r) for n, gb, r in tiers]} are not numbered 1, 2, ... "
+                        "from the highest, each on ranks of its own")
+    return problems
+
+
+def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, world_size: int,
+                    topology: Any = None, reserved: float | None = None) -> list[str]:
+    """Everything above; the memory rows only given the planner's ``topology`` and the share of HBM
+    its storage reservation keeps (``reserved``)."""
     if best_plan is None:
         return ["the planner never handed its plan to the Stats it was given"]
     chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
+    memory = memory_problems(rows, topology, reserved) if topology is not None and reserved is not None else []
     return (frame_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
-            + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size) + chosen[:4])
+            + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
+            + maxima_problems(rows, best_plan, world_size) + memory + chosen[:4])
