@@ -1,5 +1,5 @@
-"""An MC-EBC sharded row-wise: each shard's remapper against the unsharded model fed every id routed to
-it, each rank's pooled embeddings against a lookup by hand; its specs refused when malformed."""
+"""An MC-EBC and an MC-EC sharded row-wise: each shard's remapper against the unsharded model fed every
+id routed to it, each rank's embeddings against a lookup by hand; its specs refused when malformed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_a_spec_whose_shards_get_other_id_counts_in_a_later_forward_is_refused()
 
 
 def test_the_pinned_case_evicts_on_a_shard():
-    (spec,) = pinned_specs(2)
+    spec = pinned_specs(2)[0]
     shard0 = {i for ids in spec.steps[0] for i in ids if spec.shard_of(i) == 0}
     assert len(shard0) > spec.zch_per_shard - 1  # more ids than slots: LFU keeps some, the rest get the default
 
@@ -28,7 +28,7 @@ def _remapped(spec, slots_of):
 
 
 def test_slots_from_another_shards_range_are_a_parity_error():
-    (spec,) = pinned_specs(2)
+    spec = pinned_specs(2)[0]
     # Every id on the default slot of the other shard's range.
     other_default = lambda step, i: (1 - spec.shard_of(i)) * spec.zch_per_shard + spec.zch_per_shard - 1  # noqa: E731
     with pytest.raises(ParityError, match=r"outside \["):
@@ -36,10 +36,12 @@ def test_slots_from_another_shards_range_are_a_parity_error():
 
 
 @pytest.mark.world_size(2)
-def test_pinned_sharded_mc_ebc_matches_its_model_and_a_lookup_by_hand(rank_pool):
-    (spec,) = pinned_specs(2)
-    metrics = run_sharded_mc_case(rank_pool, spec)
-    assert metrics == {"forwards": 3, "pooled_elements": 3 * 2 * 2 * 2 * 4}  # forwards x ranks x features x samples x dim
+def test_pinned_sharded_mc_ebc_and_ec_match_their_model_and_a_lookup_by_hand(rank_pool):
+    ebc, ec = pinned_specs(2)
+    assert (ebc.module, ec.module) == ("mc-ebc", "mc-ec")
+    # forwards x ranks x features x samples x dim; an EC: one vector per id (4 ids a rank a forward)
+    assert run_sharded_mc_case(rank_pool, ebc) == {"forwards": 3, "embedding_elements": 3 * 2 * 2 * 2 * 4}
+    assert run_sharded_mc_case(rank_pool, ec) == {"forwards": 3, "embedding_elements": 3 * 2 * 4 * 4}
 
 
 # The modules check's plants that only ranks show (tests/test_modules_plants.py runs the others in-process).
@@ -52,7 +54,7 @@ def test_planted_evicted_rows_keeping_their_embedding_are_caught(rank_pool):
     from paritykit.harness import plants
 
     load_plants(["modules"])
-    (spec,) = pinned_specs(2)
+    spec = pinned_specs(2)[0]
     with plants.applied(sorted(RANK_PLANTS)):
         with pytest.raises(ParityError, match="model admits 2 new id"):
             run_sharded_mc_case(rank_pool, spec)

@@ -1,5 +1,6 @@
-"""ManagedCollisionEmbeddingBagCollection sharded row-wise (the only sharding its sharder offers) by
-DistributedModelParallel, fed a different batch on every rank for several training forwards.
+"""ManagedCollisionEmbeddingBagCollection and ManagedCollisionEmbeddingCollection sharded row-wise
+(the only sharding their sharders offer) by DistributedModelParallel, fed a different batch on every
+rank for several training forwards.
 
 torchrec splits the id range [0, input_hash_size) into one block per rank (``RwSparseFeaturesDist``:
 ceil(input_hash_size / world_size) ids a block) and sends each id to the rank of its block; that rank's
@@ -9,7 +10,7 @@ rank, and the table's rows of that range live there. So the oracle is one unshar
 per shard (mc_cases.SlotRules over mc_reference.EvictionTable (LFU), each fed every id routed to it in a forward),
 and a lookup by hand: each rank's pooled embeddings are the sums of the gathered table's rows at the
 remapped ids it got back (norm-wise: a sum in another order), the table gathered after that forward
-(an eviction resets the rows it frees). Forward only: the remapper trains in every training-mode
+(an eviction resets the rows it frees); an EC's embeddings are those rows themselves, bit for bit. Forward only: the remapper trains in every training-mode
 forward, which is what the forwards exercise; so between two forwards only the rows of the slots
 given to newly admitted ids change (torchrec re-initializes them), as many as the model admits.
 
@@ -45,6 +46,7 @@ class ShardedMCSpec:
     steps: tuple[tuple[tuple[int, ...], ...], ...]
     cuts: tuple[tuple[int, ...], ...]
     seed: int = 0
+    module: str = "mc-ebc"  # or "mc-ec"
 
     def __post_init__(self) -> None:
         for step, rank_ids in enumerate(self.steps):
@@ -73,7 +75,7 @@ class ShardedMCSpec:
         return [sum(self.shard_of(i) == shard for ids in self.steps[step] for i in ids) for shard in range(self.world_size)]
 
     def case_id(self) -> str:
-        return (f"sharded mc-ebc ws{self.world_size} row_wise zch_size={self.zch_size} eviction_interval={self.eviction_interval} "
+        return (f"sharded {self.module} ws{self.world_size} row_wise zch_size={self.zch_size} eviction_interval={self.eviction_interval} "
                 f"input_hash_size={self.input_hash_size} steps={[list(map(list, s)) for s in self.steps]} "
                 f"cuts={[list(c) for c in self.cuts]} seed={self.seed}")
 
@@ -97,7 +99,7 @@ def sharded_mc_specs(draw: st.DrawFn, world_size: int) -> ShardedMCSpec:
         steps.append(tuple(ranks))
         cuts.append(tuple(rank_cuts))
     return ShardedMCSpec(world_size, draw(st.integers(2, 4)), draw(st.integers(1, 3)), block, tuple(steps), tuple(cuts),
-                         draw(st.integers(0, 2**16)))
+                         draw(st.integers(0, 2**16)), draw(st.sampled_from(("mc-ebc", "mc-ec"))))
 
 
 def pinned_specs(world_size: int) -> tuple[ShardedMCSpec, ...]:
@@ -106,11 +108,12 @@ def pinned_specs(world_size: int) -> tuple[ShardedMCSpec, ...]:
     if world_size != 2:
         return ()
     steps = (((1, 6, 2, 9), (6, 1, 8, 3)), ((4, 6, 7, 1), (0, 9, 6, 3)), ((2, 8, 1, 6), (1, 6, 5, 2)))
-    return (ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2))),)
+    ebc = ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2)))
+    return ebc, ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2)), module="mc-ec")
 
 
 class _Arch(torch.nn.Module):
-    """A model holding the MC-EBC under ``mc`` (DistributedModelParallel shards submodules)."""
+    """A model holding the MC module under ``mc`` (DistributedModelParallel shards submodules)."""
 
     def __init__(self, mc: torch.nn.Module) -> None:
         super().__init__()
@@ -121,25 +124,35 @@ class _Arch(torch.nn.Module):
 
 
 def _unsharded(spec: ShardedMCSpec) -> torch.nn.Module:
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+    from torchrec.modules import embedding_configs, embedding_modules, mc_embedding_modules
     from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
 
     cpu = torch.device("cpu")
-    config = EmbeddingBagConfig(name="t0", embedding_dim=DIM, num_embeddings=spec.zch_size, feature_names=list(FEATURES))
+    bag = spec.module == "mc-ebc"
+    config = (embedding_configs.EmbeddingBagConfig if bag else embedding_configs.EmbeddingConfig)(
+        name="t0", embedding_dim=DIM, num_embeddings=spec.zch_size, feature_names=list(FEATURES))
     remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=LFU_EvictionPolicy(),
                                          eviction_interval=spec.eviction_interval, input_hash_size=spec.input_hash_size)
-    return _Arch(ManagedCollisionEmbeddingBagCollection(EmbeddingBagCollection(tables=[config], device=cpu),
-                                                        ManagedCollisionCollection({"t0": remapper}, [config]),
-                                                        return_remapped_features=True))
+    tables = (embedding_modules.EmbeddingBagCollection if bag else embedding_modules.EmbeddingCollection)(tables=[config], device=cpu)
+    wrapper = (mc_embedding_modules.ManagedCollisionEmbeddingBagCollection if bag
+               else mc_embedding_modules.ManagedCollisionEmbeddingCollection)
+    return _Arch(wrapper(tables, ManagedCollisionCollection({"t0": remapper}, [config]), return_remapped_features=True))
+
+
+def _sharder(spec: ShardedMCSpec) -> Any:
+    if spec.module == "mc-ebc":
+        from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+
+        return ManagedCollisionEmbeddingBagCollectionSharder()
+    from torchrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+
+    return ManagedCollisionEmbeddingCollectionSharder()
 
 
 def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
-    """Every forward's remapped ids (f0's, then f1's) and pooled embeddings on this rank, then the table
-    gathered from the shards."""
+    """Every forward's remapped ids (f0's, then f1's) and embeddings (pooled, or one per id for an EC)
+    on this rank, then the table gathered from the shards."""
     import torch.distributed as dist
-    from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
@@ -151,8 +164,10 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     model = _unsharded(spec)
     # As users train it: an optimizer in backward, so the table gets a fused kernel (an eviction resets
     # the evicted rows through the fused TBE; the dense one has no such method).
-    apply_optimizer_in_backward(torch.optim.SGD, [model.mc._embedding_module.embedding_bags["t0"].weight], {"lr": 0.1})
-    sharder = ManagedCollisionEmbeddingBagCollectionSharder()
+    tables = model.mc._embedding_module
+    weight = (tables.embedding_bags if spec.module == "mc-ebc" else tables.embeddings)["t0"].weight
+    apply_optimizer_in_backward(torch.optim.SGD, [weight], {"lr": 0.1})
+    sharder = _sharder(spec)
     plan = construct_module_sharding_plan(model.mc, {"t0": row_wise()}, world_size=spec.world_size,
                                           local_size=spec.world_size, device_type="cpu", sharder=sharder)
     sharded = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
@@ -161,12 +176,13 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     initial = gather_full_weights(sharded)["t0"]
     forwards = []
     for step, (rank_ids, cuts) in enumerate(zip(spec.steps, spec.cuts)):
-        pooled, remapped = sharded(two_feature_batch(rank_ids[rank], cuts[rank]))
+        embeddings, remapped = sharded(two_feature_batch(rank_ids[rank], cuts[rank]))
         features = remapped.to_dict()
+        embedded = embeddings.to_dict() if spec.module == "mc-ebc" else {key: jt.values() for key, jt in embeddings.items()}
         forwards.append({
             "slots": [i for key in FEATURES for i in features[key].values().tolist()],
             "lengths": {key: features[key].lengths().tolist() for key in FEATURES},
-            "pooled": {key: value.detach().clone() for key, value in pooled.to_dict().items()},
+            "embedded": {key: value.detach().clone() for key, value in embedded.items()},
             # The rows this forward looked up (an eviction resets the rows of the slots it frees).
             "table": gather_full_weights(sharded)["t0"],
         })
@@ -217,7 +233,8 @@ def _check_resets(spec: ShardedMCSpec, per_rank: list[dict[str, Any]], admitted:
 
 
 def _check_lookups(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> int:
-    """Each rank's pooled embeddings against the sums of the gathered table's rows at its remapped ids."""
+    """Each rank's embeddings against the gathered table's rows at its remapped ids: summed per sample
+    (EBC, norm-wise), or those rows exactly (EC)."""
     compared = 0
     for rank, result in enumerate(per_rank):
         for step, forward in enumerate(result["forwards"]):
@@ -226,12 +243,17 @@ def _check_lookups(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> int:
                 raise ParityError(f"forward {step}: rank {rank} gathered another table than rank 0 [{spec.case_id()}]")
             slots = iter(forward["slots"])
             for key in FEATURES:
-                sums = [table[[next(slots) for _ in range(length)]].sum(dim=0) for length in forward["lengths"][key]]
-                wanted, got = torch.stack(sums), forward["pooled"][key]
-                found = normwise(table.dtype).differences(got, wanted, f"rank {rank} {key}")
+                rows = [table[[next(slots) for _ in range(length)]] for length in forward["lengths"][key]]
+                got = forward["embedded"][key]
+                if spec.module == "mc-ec":
+                    wanted = torch.cat(rows)
+                    found = [] if torch.equal(got, wanted) else [f"rank {rank} {key}: {got.tolist()} != {wanted.tolist()}"]
+                else:
+                    wanted = torch.stack([r.sum(dim=0) for r in rows])
+                    found = normwise(table.dtype).differences(got, wanted, f"rank {rank} {key}") if got.shape == wanted.shape else []
                 if got.shape != wanted.shape or found:
-                    raise ParityError(f"forward {step} rank {rank}: {key}'s pooled embeddings are not the sums of the "
-                                      f"table's rows at the remapped ids {found[:1]} [{spec.case_id()}]")
+                    raise ParityError(f"forward {step} rank {rank}: {key}'s embeddings are not the table's rows at the remapped "
+                                      f"ids{'' if spec.module == 'mc-ec' else ' summed per sample'} {found[:1]} [{spec.case_id()}]")
                 compared += wanted.numel()
     return compared
 
@@ -241,4 +263,4 @@ def run_sharded_mc_case(pool: Any, spec: ShardedMCSpec) -> dict[str, Any]:
         raise HarnessError(f"sharded MC case needs world size {spec.world_size}, the pool has {pool.world_size}")
     per_rank = pool.call(sharded_mc_on_rank, (spec,), case=spec.case_id())
     _check_resets(spec, per_rank, _check_slots(spec, per_rank))
-    return {"forwards": len(spec.steps), "pooled_elements": _check_lookups(spec, per_rank)}
+    return {"forwards": len(spec.steps), "embedding_elements": _check_lookups(spec, per_rank)}

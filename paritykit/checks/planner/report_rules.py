@@ -14,6 +14,8 @@
 - each 'Maximum of' a perf component (and of the total) is the largest of the ranks' sums, on ranks
   that have it, named as a run 'a-b' where they are consecutive; the mean total perf and the percent
   by which the maximum exceeds it are those of the ranks' totals;
+- each rank's row gives its shards' perf summed (total and components), and at least their HBM and
+  DDR, each with its percent of what the rank can plan with;
 - the reserved and planning memory are the reservation's share of the topology's HBM and the rest
   (with its DDR), the peak HBM pressure tiers numbered from 1 at the highest, each on its own ranks;
 - each chosen shard's estimates keep the rules of every option (estimate_rules.single_problems): its
@@ -281,6 +283,55 @@ def maxima_problems(rows: list[str], best_plan: list[Any], world_size: int) -> l
     return [problem for problem in problems if problem]
 
 
+def _one_sig_fig_ok(printed: float, value: float) -> bool:
+    """torchrec writes a perf component of 1 ms or more rounded to an integer, a smaller one to one
+    significant figure."""
+    if value >= 1:
+        return abs(printed - value) <= 0.5 + 1e-9
+    unit = 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
+    return abs(printed - value) <= unit / 2 + 1e-12
+
+
+def rank_row_problems(rows: list[str], best_plan: list[Any], topology: Any, reserved: float) -> list[str]:
+    """Each rank's row: its perf, the total and each component (fwd/bwd compute and comms, prefetch),
+    that of its shards summed; its HBM and DDR at least its shards' storage, and the percent beside
+    each the printed amount over what the rank can plan with (HBM: the share left after the
+    reservation, on GPU ranks; DDR: all of it)."""
+    per_rank, problems = perf_per_rank(best_plan), []
+    storage_of: dict[int, dict[str, int]] = {}
+    for option in best_plan:
+        for shard in option.shards:
+            into = storage_of.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
+            for kind in into:
+                into[kind] += getattr(shard.storage, kind)
+    gpu = topology.compute_device in ("cuda", "mtia")
+    for row in _table(rows, "Rank"):
+        if not row.get("Rank", "").isdigit() or int(row["Rank"]) >= len(topology.devices):
+            continue  # shard_count_problems reports it
+        rank, device = int(row["Rank"]), topology.devices[int(row["Rank"])].storage
+        perf = per_rank.get(rank, dict.fromkeys(PERF_COMPONENTS, 0.0))
+        found = re.fullmatch(r"(\S+) \(([^)]*)\)", row.get("Perf (ms)", ""))
+        parts = found.group(2).split(",") if found else []
+        if not found or len(parts) != len(PERF_COMPONENTS) or abs(float(found.group(1)) - sum(perf.values())) > PRINTED_PERF_UNIT \
+                or not all(_one_sig_fig_ok(float(x), perf[c]) for x, c in zip(parts, PERF_COMPONENTS)):
+            problems.append(f"the stats table gives rank {rank} perf {row.get('Perf (ms)')!r}, its shards sum to "
+                            f"{sum(perf.values()):.4f} ({', '.join(f'{c} {perf[c]:.4g}' for c in PERF_COMPONENTS)})")
+        for kind, cell, plannable in (("hbm", "HBM (GB)", (1 - reserved) * device.hbm if gpu else 0),
+                                      ("ddr", "DDR (GB)", device.ddr)):
+            found = re.fullmatch(r"([0-9.]+) \((\d+)%\)", row.get(cell, ""))
+            if found is None:
+                problems.append(f"the stats table gives rank {rank} {cell} {row.get(cell)!r}")
+                continue
+            amount, percent = float(found.group(1)) * GB, int(found.group(2))
+            need = storage_of.get(rank, {}).get(kind, 0)
+            share_low = (amount - 0.0005 * GB) / plannable if plannable else 0.0
+            share_high = (amount + 0.0005 * GB) / plannable if plannable else 0.0
+            if amount + 0.0005 * GB < need or not share_low * 100 - 0.5 - 1e-9 <= percent <= share_high * 100 + 0.5 + 1e-9:
+                problems.append(f"the stats table gives rank {rank} {cell} {row[cell]!r}: its shards need {need} bytes, and the "
+                                f"percent is of the {plannable:.0f} bytes it can plan with")
+    return problems
+
+
 def _row_value(rows: list[str], after: str, pattern: str) -> re.Match | None:
     """The first match of ``pattern`` in the rows below the first row holding ``after``."""
     start = next((i for i, row in enumerate(rows) if after in row), None)
@@ -324,7 +375,8 @@ def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, w
     if best_plan is None:
         return ["the planner never handed its plan to the Stats it was given"]
     chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
-    memory = memory_problems(rows, topology, reserved) if topology is not None and reserved is not None else []
+    memory = (memory_problems(rows, topology, reserved) + rank_row_problems(rows, best_plan, topology, reserved)
+              if topology is not None and reserved is not None else [])
     return (frame_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
             + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
             + maxima_problems(rows, best_plan, world_size) + memory + chosen[:4])
