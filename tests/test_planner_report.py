@@ -12,25 +12,37 @@ from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
 from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, imbalance,
-                                                   imbalance_problems, parameter_row_problems, perf_figure_problems, recorder,
-                                                   shard_count_problems)
+                                                   imbalance_problems, maxima_problems, memory_problems, parameter_row_problems,
+                                                   perf_figure_problems, rank_row_problems, recorder, shard_count_problems)
+
+
+def _plan(device: str):
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.stats import EmbeddingStats
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from paritykit.checks.planner.planning import RESERVED_HBM, parameter_constraints, topology
+
+    case = pinned_cases(4, 2)[0]
+    chosen, topo = recorder(), topology(case, device)
+    with captured_stats_table() as rows:
+        EmbeddingShardingPlanner(topology=topo, constraints=parameter_constraints(case), stats=[EmbeddingStats(), chosen],
+                                 storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_HBM),
+                                 ).plan(model_fn(case)(), get_default_sharders())
+    return list(rows), chosen.best_plan, topo
 
 
 @pytest.fixture(scope="module")
 def planned():
     """torchrec's real stats table and chosen plan for the pinned EBC case on 2 hosts of 2."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.stats import EmbeddingStats
-    from torchrec.distributed.sharding_plan import get_default_sharders
+    return _plan("cpu")[:2]
 
-    from paritykit.checks.planner.planning import parameter_constraints, topology
 
-    case = pinned_cases(4, 2)[0]
-    chosen = recorder()
-    with captured_stats_table() as rows:
-        EmbeddingShardingPlanner(topology=topology(case), constraints=parameter_constraints(case),
-                                 stats=[EmbeddingStats(), chosen]).plan(model_fn(case)(), get_default_sharders())
-    return list(rows), chosen.best_plan
+@pytest.fixture(scope="module")
+def planned_for_gpus():
+    """The same, planned for GPU ranks (planning only), with the topology: HBM to report."""
+    return _plan("cuda")
 
 
 def test_torchrecs_own_report_keeps_the_rules(planned):
@@ -39,6 +51,28 @@ def test_torchrecs_own_report_keeps_the_rules(planned):
     assert frame_problems(rows) == [] and perf_figure_problems(rows, best_plan) == [] and single_problems(best_plan, "cpu") == []
     assert shard_count_problems(rows, best_plan, 4) == parameter_row_problems(rows, best_plan) == []
     assert imbalance_problems(rows, best_plan, 4) == []
+
+
+def test_the_maxima_memory_and_rank_rows_of_torchrecs_report_keep_the_rules_and_a_changed_one_is_caught(planned_for_gpus):
+    from paritykit.checks.planner.planning import RESERVED_HBM
+
+    rows, best_plan, topo = planned_for_gpus
+    assert maxima_problems(rows, best_plan, 4) == [] and memory_problems(rows, topo, RESERVED_HBM) == []
+    assert rank_row_problems(rows, best_plan, topo, RESERVED_HBM) == []
+    # A consecutive run of ranks written one by one; the planning share printed as the reserved one.
+    at = next(i for i, row in enumerate(rows) if "Maximum of Total Perf:" in row)
+    ranks = rows[at].split(" on ")[1].split()[1]
+    listed = ",".join(str(r) for r in range(int(ranks.split("-")[0]), int(ranks.split("-")[-1]) + 1))
+    assert "-" in ranks  # the pinned plan's maximum lies on a run of ranks
+    assert any("names the ranks" in p for p in maxima_problems(_changed(rows, "Maximum of Total Perf:", ranks, listed), best_plan, 4))
+    planning = next(i for i, row in enumerate(rows) if "Planning Memory:" in row)
+    wrong = rows[:planning + 2] + [rows[planning + 2].replace("85%", "15%")] + rows[planning + 3:]
+    assert any("Planning Memory: is 15%" in p for p in memory_problems(wrong, topo, RESERVED_HBM))
+    tier = next(r for r in rows if "Top Tier #1 " in r)
+    assert any("tiers" in p for p in memory_problems(_changed(rows, tier, "#1 ", "#0 "), topo, RESERVED_HBM))
+    rank0 = next(r for r in rows if r.split()[1:2] == ["0"] and ": " in r)
+    share = rank0.split("(")[1].split(")")[0]  # the first "(..%)": rank 0's HBM share
+    assert any("rank 0 HBM" in p for p in rank_row_problems(_changed(rows, rank0, f"({share})", "(99%)"), best_plan, topo, RESERVED_HBM))
 
 
 def test_the_imbalance_statistics_are_zero_when_even_and_one_when_all_on_one_rank():
