@@ -12,7 +12,7 @@ from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
 from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, imbalance,
-                                                   imbalance_problems, maxima_problems, memory_problems, parameter_row_problems,
+                                                   imbalance_problems, maxima_problems, memory_problems, negative_figure_problems, parameter_row_problems,
                                                    perf_figure_problems, rank_row_problems, recorder, shard_count_problems)
 
 
@@ -58,7 +58,10 @@ def test_the_maxima_memory_and_rank_rows_of_torchrecs_report_keep_the_rules_and_
 
     rows, best_plan, topo = planned_for_gpus
     assert maxima_problems(rows, best_plan, 4) == [] and memory_problems(rows, topo, RESERVED_HBM) == []
-    assert rank_row_problems(rows, best_plan, topo, RESERVED_HBM) == []
+    assert rank_row_problems(rows, best_plan, topo, RESERVED_HBM) == [] and negative_figure_problems(rows) == []
+    # A storage amount of -1 byte prints as -0.0 GB.
+    kernels = next(i for i, row in enumerate(rows) if "Compute Kernels Total Estimated Memory" in row)
+    assert negative_figure_problems(_changed(rows, rows[kernels + 1], "SSD: 0.0", "SSD: -0.0"))
     # A consecutive run of ranks written one by one; the planning share printed as the reserved one.
     at = next(i for i, row in enumerate(rows) if "Maximum of Total Perf:" in row)
     ranks = rows[at].split(" on ")[1].split()[1]

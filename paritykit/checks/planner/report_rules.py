@@ -14,6 +14,7 @@
 - each 'Maximum of' a perf component (and of the total) is the largest of the ranks' sums, on ranks
   that have it, named as a run 'a-b' where they are consecutive; the mean total perf and the percent
   by which the maximum exceeds it are those of the ranks' totals;
+- no figure is negative (every one is an amount);
 - each rank's row gives its shards' perf summed (total and components), and at least their HBM and
   DDR, each with its percent of what the rank can plan with;
 - the reserved and planning memory are the reservation's share of the topology's HBM and the rest
@@ -101,6 +102,13 @@ def frame_problems(rows: list[str]) -> list[str]:
         if not (row.startswith("#") and row.endswith("#")) or (fits and len(row) not in allowed):
             problems.append(f"row {index} of the stats table is {len(row)} characters, its border {width}: {row.strip()[:80]!r}")
     return problems[:3]
+
+
+def negative_figure_problems(rows: list[str]) -> list[str]:
+    """Every figure of the table is an amount (bytes, ms, MB, a share or a count): none is negative
+    ('-0.0' included, which a negative amount smaller than the printed unit rounds to)."""
+    return [f"the stats table prints a negative figure: {row.strip('# ').strip()[:100]!r}"
+            for row in rows if re.search(r"(?<![\w.-])-\d", row)][:2]
 
 
 def perf_per_rank(best_plan: list[Any]) -> dict[int, dict[str, float]]:
@@ -377,6 +385,6 @@ def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, w
     chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
     memory = (memory_problems(rows, topology, reserved) + rank_row_problems(rows, best_plan, topology, reserved)
               if topology is not None and reserved is not None else [])
-    return (frame_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
+    return (frame_problems(rows) + negative_figure_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
             + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
             + maxima_problems(rows, best_plan, world_size) + memory + chosen[:4])
