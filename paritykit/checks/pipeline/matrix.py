@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.pipeline.assertion import ALL_PIPELINES, builtin_case
 from paritykit.engine.builtin_models import DENSE_OPTIMIZERS, FUSED_OPTIMIZERS, SHARDING_TYPES, DataSpec, ModelSpec
+from paritykit.checks.pipeline.hook_sites import PINNED as HOOK_SITES_PINNED, hook_site_cases, run_hook_site_case
 from paritykit.checks.pipeline.parity import run_parity_case
 from paritykit.checks.pipeline.surface import run_surface
 from paritykit.engine.pipeline_catalog import EXACT, VARIANTS, available
@@ -146,6 +147,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     for world_size in world_sizes:
         results += _fixed_cases(world_size, pools, config)
     results += run_surface(pools, config)
+    results += run_property(NAME, hook_site_cases(), run_hook_site_case, config, case_id=lambda case: case.case_id(),
+                            explicit=HOOK_SITES_PINNED)
 
     def body(case: MatrixCase) -> dict[str, Any]:
         spec = replace(case.spec, device=config.device)
