@@ -10,7 +10,9 @@ ranks and every shard's offsets, sizes and placement, each on a row of its own u
 
 Also torchrec's documented refusals: ``calculate_shard_sizes_and_offsets`` raises ValueError for a
 sharding type it does not know (never a layout of some other type), and ``column_wise(ranks=...)``
-raises ValueError for a table whose columns do not divide evenly among the ranks (never uneven shards).
+raises ValueError for a table whose columns do not divide evenly among the ranks (never uneven shards);
+``construct_module_sharding_plan`` refuses a plan that names a table the module does not have, or
+leaves one of its tables out (a typo in a table's name must not be dropped silently), naming it.
 """
 
 from __future__ import annotations
@@ -180,6 +182,35 @@ def run_uneven_columns_case(tables: tuple[tuple[int, tuple[int, ...]], ...]) -> 
     if problems:
         raise ParityError("\n  ".join(problems))
     return {"plan_shape": "plan-helpers/uneven-columns", "tables": len(tables)}
+
+
+def mismatched_plan_problem(plan_tables: tuple[str, ...]) -> str | None:
+    """A plan for tables ``plan_tables`` of an EBC holding t0 and t1: refused, naming the odd table."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, num_embeddings=8, embedding_dim=4, feature_names=[f"f_{n}"])
+                                         for n in ("t0", "t1")], device=torch.device("meta"))
+    odd = sorted(set(plan_tables) ^ {"t0", "t1"})
+    try:
+        plan = construct_module_sharding_plan(ebc, {n: table_wise(rank=0) for n in plan_tables}, world_size=2, local_size=2,
+                                              device_type="cpu")
+    except Exception as exc:  # noqa: BLE001 - any refusal that names the table
+        return None if all(name in str(exc) for name in odd) else f"the refusal of a plan for {list(plan_tables)} does not name {odd}: {exc}"
+    return (f"construct_module_sharding_plan for an EBC of t0 and t1 took a plan for {list(plan_tables)} and returned one "
+            f"for {sorted(plan)}: the table(s) {odd} were not refused")
+
+
+def run_mismatched_plans_case(plans: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
+    problems = [p for p in map(mismatched_plan_problem, plans) if p]
+    if problems:
+        raise ParityError("\n  ".join(problems))
+    return {"plan_shape": "plan-helpers/mismatched-tables", "plans": len(plans)}
+
+
+# A table named that the module lacks (beside all of its own, or instead of one); one of its own left out.
+MISMATCHED_PLANS = (("t0", "t1", "t2"), ("t0", "t9"), ("t1",))
 
 
 # -- the draws --------------------------------------------------------------------------------------

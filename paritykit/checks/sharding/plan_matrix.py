@@ -12,9 +12,10 @@ import dataclasses
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case, run_property
 from paritykit.checks.sharding.init_bounds import init_bounds_cases, run_init_bounds_case
-from paritykit.checks.sharding.plan_helper_cases import (UNEVEN_COLUMNS, UNKNOWN_SHARDING_TYPES, narrow_column_shards_case,
-                                                         pinned_plan_helper_cases, plan_helper_cases, run_plan_helper_case,
-                                                         run_uneven_columns_case, run_unknown_types_case)
+from paritykit.checks.sharding.plan_helper_cases import (MISMATCHED_PLANS, UNEVEN_COLUMNS, UNKNOWN_SHARDING_TYPES,
+                                                         narrow_column_shards_case, pinned_plan_helper_cases, plan_helper_cases,
+                                                         run_mismatched_plans_case, run_plan_helper_case, run_uneven_columns_case,
+                                                         run_unknown_types_case)
 from paritykit.dist import PoolProvider
 
 # The known-broken cases this block runs once per gate (known_issues.toml).
@@ -31,6 +32,8 @@ def run_plan_matrix(check: str, config: GateConfig, pools: PoolProvider) -> list
                             lambda: run_unknown_types_case(UNKNOWN_SHARDING_TYPES)))
     results.append(run_case(check, f"plan-helpers column_wise on uneven columns {list(UNEVEN_COLUMNS)}", config,
                             lambda: run_uneven_columns_case(UNEVEN_COLUMNS)))
+    results.append(run_case(check, f"plan-helpers plans for tables the module does not hold {list(MISMATCHED_PLANS)}", config,
+                            lambda: run_mismatched_plans_case(MISMATCHED_PLANS)))
     # Column shards whose width is not a multiple of 4 collapse into one (known issue); kept out of the draws.
     narrow = narrow_column_shards_case()
     results.append(run_known_broken_case(check, f"known-broken {KNOWN_BROKEN[0]} {narrow.case_id()}", config,
