@@ -21,6 +21,7 @@ from paritykit.checks.sparse_ops.reference import Array, kjt_permute, kjt_to_dic
 from paritykit.checks.sparse_ops.reference_keyed import kt_regroup
 from paritykit.checks.sparse_ops.rules import (
     CONSTRUCT_ZERO_BATCH,
+    IS_EQUAL_IDS_TOLERANCE,
     MULTI_EMBEDDING_UNUSED_KEY_GRAD,
     OFFSETS_ZERO_BATCH,
     PADDED_DENSE_NO_ROWS,
@@ -31,6 +32,7 @@ from paritykit.checks.sparse_ops.rules import (
 )
 from paritykit.checks.sparse_ops.specs import JTSpec, KJTSpec, KTSpec
 from paritykit.checks.sparse_ops.embedding_cases import construct_zero_batch
+from paritykit.checks.sparse_ops.equality_cases import is_equal_ids_within_tolerance
 from paritykit.checks.sparse_ops.validator_cases import KNOWN_BROKEN_VALIDATOR
 
 ZERO_BATCH = KJTSpec(("f0", "f1"), ((), ()), None, 0, True, "int64", "float32", "int32", "lengths", False, 41)
@@ -125,6 +127,8 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], None] | None]] = {
     MULTI_EMBEDDING_UNUSED_KEY_GRAD: ("gradient of a key in no group through KTRegroupAsDict", _multi_embedding_unused_key_grad),
     **KNOWN_BROKEN_VALIDATOR,
     CONSTRUCT_ZERO_BATCH: ("construct_jagged_tensors of column shards with a batch of no samples", construct_zero_batch),
+    IS_EQUAL_IDS_TOLERANCE: ("kjt_is_equal and jt_is_equal of batches differing in one id, 1000000 and 1000001",
+                             is_equal_ids_within_tolerance),
 }
 
 

@@ -17,6 +17,7 @@ from paritykit.checks.sparse_ops.embedding_cases import embedding_cases
 from paritykit.checks.sparse_ops.grad_cases import grad_cases
 from paritykit.checks.sparse_ops.jt_cases import jt_cases
 from paritykit.checks.sparse_ops.kjt_cases import kjt_constructor_cases
+from paritykit.checks.sparse_ops.equality_cases import equality_cases
 from paritykit.checks.sparse_ops.kjt_dist_cases import kjt_dist_cases
 from paritykit.checks.sparse_ops.kjt_op_cases import kjt_op_cases
 from paritykit.checks.sparse_ops.known_broken import KNOWN_BROKEN, run_on_rank
@@ -33,7 +34,7 @@ CRASH_POOL_WORLD_SIZE = 1
 
 def op_cases() -> list[OpCase]:
     """Every op case, in gate order."""
-    return kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + jt_cases() + kt_cases() + embedding_cases() + grad_cases()
+    return kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + equality_cases() + jt_cases() + kt_cases() + embedding_cases() + grad_cases()
 
 
 def run_op(case: OpCase, config: GateConfig) -> list[CaseResult]:

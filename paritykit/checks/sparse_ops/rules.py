@@ -32,10 +32,14 @@ VALIDATOR_STRIDE_MISMATCH = "kjt-validator-stride-mismatch"
 VALIDATOR_VBE_VERDICT = "kjt-validator-vbe-verdict-dropped"
 # construct_jagged_tensors (the sharded EC's output builder) of features with a batch of no samples.
 CONSTRUCT_ZERO_BATCH = "construct-jagged-tensors-zero-batch"
+# kjt_is_equal / jt_is_equal compare integer ids with torch.allclose: ids within 1e-5 of their size match.
+IS_EQUAL_IDS_TOLERANCE = "kjt-is-equal-ids-within-tolerance"
+# The smallest id at which torch.allclose's default rtol (1e-5) calls ids one apart equal.
+ALLCLOSE_ID_THRESHOLD = 99_999
 
 RULES = (TO_DICT_ZERO_BATCH, OFFSETS_ZERO_BATCH, PADDED_DENSE_NO_ROWS, REGROUP_KEY_DIM_0,
          PERMUTE_GRAD_NOT_BIJECTIVE, VBE_PERMUTE_NO_GRAD, MULTI_EMBEDDING_UNUSED_KEY_GRAD, VALIDATOR_NEGATIVE_ROW,
-         VALIDATOR_STRIDE_MISMATCH, VALIDATOR_VBE_VERDICT, CONSTRUCT_ZERO_BATCH)
+         VALIDATOR_STRIDE_MISMATCH, VALIDATOR_VBE_VERDICT, CONSTRUCT_ZERO_BATCH, IS_EQUAL_IDS_TOLERANCE)
 
 
 def kept_out(rule: str) -> bool:
@@ -66,3 +70,8 @@ def permute_grad_drawable(indices: tuple[int, ...], keys: int, variable: bool) -
     if variable and kept_out(VBE_PERMUTE_NO_GRAD):
         return False
     return sorted(indices) == list(range(keys)) or not kept_out(PERMUTE_GRAD_NOT_BIJECTIVE)
+
+
+def ids_comparable(ids: list[int]) -> bool:
+    """Whether kjt_is_equal tells these integer ids from ids one apart on this stack."""
+    return all(abs(i) < ALLCLOSE_ID_THRESHOLD for i in ids) or not kept_out(IS_EQUAL_IDS_TOLERANCE)
