@@ -12,8 +12,9 @@ from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
 from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, imbalance,
-                                                   imbalance_problems, maxima_problems, memory_problems, negative_figure_problems, parameter_row_problems,
-                                                   perf_figure_problems, rank_row_problems, recorder, shard_count_problems)
+                                                   imbalance_problems, maxima_problems, memory_problems,
+                                                   negative_figure_problems, parameter_row_problems, perf_figure_problems,
+                                                   rank_row_problems, recorder, shard_count_problems)
 
 
 def _plan(device: str):

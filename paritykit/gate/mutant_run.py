@@ -61,10 +61,10 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
     function (greedy: each adds the most lines of it no case chosen so far ran; the fastest on a tie),
     since a mutant shows on the path that reaches what it changed; ahead of them, with ``readers``
     (each case's lines among those that read what the mutated line stores, ``line_paths``), the
-    cases that run those lines the same way, since a store shows where it is read; then the broadest case of each
-    check (the one running the most torchrec lines: the fastest cases are the smallest, which run the
-    line in its plainest form); then the other different paths; then the fastest of each check, then
-    the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths.
+    fewest cases that run every one of those lines, since a store shows where it is read; then the
+    broadest case of each check (the one running the most torchrec lines: the fastest cases are the
+    smallest, which run the line in its plainest form); then the other different paths; then the
+    fastest of each check, then the fastest. Without ``breadth``, no broadest; without ``paths``, no different paths.
 
     Every check covering the line keeps one case even beyond ``limit`` (its broadest, else its
     fastest): the checks compare different things, so a mutant one check misses another may see."""

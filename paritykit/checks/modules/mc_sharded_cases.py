@@ -10,9 +10,10 @@ rank, and the table's rows of that range live there. So the oracle is one unshar
 per shard (mc_cases.SlotRules over mc_reference.EvictionTable (LFU), each fed every id routed to it in a forward),
 and a lookup by hand: each rank's pooled embeddings are the sums of the gathered table's rows at the
 remapped ids it got back (norm-wise: a sum in another order), the table gathered after that forward
-(an eviction resets the rows it frees); an EC's embeddings are those rows themselves, bit for bit. Forward only: the remapper trains in every training-mode
-forward, which is what the forwards exercise; so between two forwards only the rows of the slots
-given to newly admitted ids change (torchrec re-initializes them), as many as the model admits.
+(an eviction resets the rows it frees); an EC's embeddings are those rows themselves, bit for bit.
+Forward only: the remapper trains in every training-mode forward, which is what the forwards
+exercise; so between two forwards only the rows of the slots given to newly admitted ids change
+(torchrec re-initializes them), as many as the model admits.
 
 Every shard receives the same number of ids in every forward (the remapper's history window is sized
 by its first forward and drops what does not fit: mc_reference.py).

@@ -385,6 +385,6 @@ def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, w
     chosen = [f"the chosen plan: {problem}" for problem in single_problems(best_plan, device)]
     memory = (memory_problems(rows, topology, reserved) + rank_row_problems(rows, best_plan, topology, reserved)
               if topology is not None and reserved is not None else [])
-    return (frame_problems(rows) + negative_figure_problems(rows) + perf_figure_problems(rows, best_plan) + shard_count_problems(rows, best_plan, world_size)
-            + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
+    return (frame_problems(rows) + negative_figure_problems(rows) + perf_figure_problems(rows, best_plan)
+            + shard_count_problems(rows, best_plan, world_size) + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
             + maxima_problems(rows, best_plan, world_size) + memory + chosen[:4])

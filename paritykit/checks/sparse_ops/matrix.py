@@ -34,7 +34,8 @@ CRASH_POOL_WORLD_SIZE = 1
 
 def op_cases() -> list[OpCase]:
     """Every op case, in gate order."""
-    return kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + equality_cases() + jt_cases() + kt_cases() + embedding_cases() + grad_cases()
+    return (kjt_constructor_cases() + validator_cases() + kjt_op_cases() + kjt_dist_cases() + equality_cases() + jt_cases()
+            + kt_cases() + embedding_cases() + grad_cases())
 
 
 def run_op(case: OpCase, config: GateConfig) -> list[CaseResult]:
