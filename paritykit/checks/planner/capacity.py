@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from paritykit.checks.planner.planning import capacity_problems, storage_per_rank, topology_of
+from paritykit.checks.planner.planning import capacity_problems, topology_of
+from paritykit.checks.planner.report_rules import storage_per_rank
 from paritykit.errors import ParityError
 from paritykit.harness.noise import quiet_planner
 

@@ -12,7 +12,7 @@ from paritykit.checks.planner.cases import PlannerCase, model_fn
 from paritykit.checks.planner.estimate_rules import (batch_problems, ceiling_problems, columns_problems, degenerate_problems,
                                                      num_poolings_problems, pooling_factor_problems, rows_problems,
                                                      single_problems)
-from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
+from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
 from paritykit.harness.noise import quiet_planner
 
 
@@ -77,17 +77,6 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
         plan = planner.plan(module, get_default_sharders())
     return plan, (report_problems(rows, chosen.best_plan, device, topo.world_size, topo, RESERVED_HBM)
                   + capacity_problems(chosen.best_plan, topo, device))
-
-
-def storage_per_rank(options: list[Any]) -> dict[int, dict[str, int]]:
-    """{rank: {"hbm": bytes, "ddr": bytes}} the chosen shards need on each rank."""
-    needed: dict[int, dict[str, int]] = {}
-    for option in options:
-        for shard in option.shards:
-            per_rank = needed.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
-            for kind in per_rank:
-                per_rank[kind] += getattr(shard.storage, kind)
-    return needed
 
 
 def capacity_problems(options: list[Any], topo: Any, device: str, hbm_share: float = 1.0) -> list[str]:

@@ -124,6 +124,17 @@ def perf_per_rank(best_plan: list[Any]) -> dict[int, dict[str, float]]:
     return ranks
 
 
+def storage_per_rank(options: list[Any]) -> dict[int, dict[str, int]]:
+    """{rank: {"hbm": bytes, "ddr": bytes}} the chosen shards need on each rank."""
+    needed: dict[int, dict[str, int]] = {}
+    for option in options:
+        for shard in option.shards:
+            per_rank = needed.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
+            for kind in per_rank:
+                per_rank[kind] += getattr(shard.storage, kind)
+    return needed
+
+
 def _printed(rows: list[str], label: str) -> float | None:
     for row in rows:
         found = re.search(re.escape(label) + r":\s*([0-9.eE+-]+) ms", row)
@@ -305,13 +316,7 @@ def rank_row_problems(rows: list[str], best_plan: list[Any], topology: Any, rese
     that of its shards summed; its HBM and DDR at least its shards' storage, and the percent beside
     each the printed amount over what the rank can plan with (HBM: the share left after the
     reservation, on GPU ranks; DDR: all of it)."""
-    per_rank, problems = perf_per_rank(best_plan), []
-    storage_of: dict[int, dict[str, int]] = {}
-    for option in best_plan:
-        for shard in option.shards:
-            into = storage_of.setdefault(shard.rank, {"hbm": 0, "ddr": 0})
-            for kind in into:
-                into[kind] += getattr(shard.storage, kind)
+    per_rank, storage_of, problems = perf_per_rank(best_plan), storage_per_rank(best_plan), []
     gpu = topology.compute_device in ("cuda", "mtia")
     for row in _table(rows, "Rank"):
         if not row.get("Rank", "").isdigit() or int(row["Rank"]) >= len(topology.devices):
