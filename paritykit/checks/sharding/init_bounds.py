@@ -3,7 +3,8 @@ after DistributedModelParallel shards (and initialises) them, every value of eve
 rank must lie in [min, max]. The oracle is the configuration's own bounds; they are chosen away from
 torchrec's default range (uniform in +-sqrt(1 / rows)), so a sharding that drops them shows. Every
 sharding type the module's sharder implements, built on the meta device (DMP materialises it, the
-way a large model is built) and on the CPU.
+way a large model is built) and on the CPU; the module built must hold every table on the device it
+was given.
 """
 
 from __future__ import annotations
@@ -54,7 +55,12 @@ def init_ranges_on_rank(case: InitBoundsCase) -> dict[str, tuple[float, float, i
     from paritykit.harness.dmp import shard_model
     from paritykit.harness.plans import parameter_sharding_generator, normalize_plan_entry
 
-    model = _build(case.module, case.tables, "meta" if case.meta else "cpu")
+    device = "meta" if case.meta else "cpu"
+    model = _build(case.module, case.tables, device)
+    # The module puts every table on the device it is given (on meta: nothing allocated until DMP).
+    elsewhere = sorted(f"{name} on {p.device}" for name, p in model.named_parameters() if p.device.type != device)
+    if elsewhere:
+        raise ParityError(f"{case.case_id()}\n  {type(model).__name__}(device={device!r}) placed {elsewhere}")
     plan = {name: parameter_sharding_generator(normalize_plan_entry(name, entry), None) for name, entry in case.plan.items()}
     dmp = shard_model(model, plan, device="cpu")
     found: dict[str, tuple[float, float, int]] = {}
