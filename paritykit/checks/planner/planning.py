@@ -63,9 +63,8 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
     and what its statistics report gets wrong about that plan (report_rules.py)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.stats import EmbeddingStats
-    from torchrec.distributed.sharding_plan import get_default_sharders
-
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.sharding_plan import get_default_sharders
 
     chosen = recorder()
     with quiet_planner(), captured_stats_table() as rows:
