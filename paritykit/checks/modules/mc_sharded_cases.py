@@ -21,7 +21,7 @@ by its first forward and drops what does not fit: mc_reference.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -60,6 +60,11 @@ class ShardedMCSpec:
             if counts != self.ids_per_shard(0):
                 raise HarnessError(f"sharded MC step {step}: ids per shard {counts}, the first forward's "
                                    f"{self.ids_per_shard(0)} (the remapper's window would drop some)")
+
+    @property
+    def pooled(self) -> bool:
+        """An MC-EBC (one pooled vector per sample), else an MC-EC (one vector per id)."""
+        return self.module == "mc-ebc"
 
     @property
     def zch_size(self) -> int:
@@ -110,7 +115,7 @@ def pinned_specs(world_size: int) -> tuple[ShardedMCSpec, ...]:
         return ()
     steps = (((1, 6, 2, 9), (6, 1, 8, 3)), ((4, 6, 7, 1), (0, 9, 6, 3)), ((2, 8, 1, 6), (1, 6, 5, 2)))
     ebc = ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2)))
-    return ebc, ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2)), module="mc-ec")
+    return ebc, replace(ebc, module="mc-ec")
 
 
 class _Arch(torch.nn.Module):
@@ -129,7 +134,7 @@ def _unsharded(spec: ShardedMCSpec) -> torch.nn.Module:
     from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
 
     cpu = torch.device("cpu")
-    bag = spec.module == "mc-ebc"
+    bag = spec.pooled
     config = (embedding_configs.EmbeddingBagConfig if bag else embedding_configs.EmbeddingConfig)(
         name="t0", embedding_dim=DIM, num_embeddings=spec.zch_size, feature_names=list(FEATURES))
     remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=LFU_EvictionPolicy(),
@@ -141,7 +146,7 @@ def _unsharded(spec: ShardedMCSpec) -> torch.nn.Module:
 
 
 def _sharder(spec: ShardedMCSpec) -> Any:
-    if spec.module == "mc-ebc":
+    if spec.pooled:
         from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
 
         return ManagedCollisionEmbeddingBagCollectionSharder()
@@ -166,7 +171,7 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     # As users train it: an optimizer in backward, so the table gets a fused kernel (an eviction resets
     # the evicted rows through the fused TBE; the dense one has no such method).
     tables = model.mc._embedding_module
-    weight = (tables.embedding_bags if spec.module == "mc-ebc" else tables.embeddings)["t0"].weight
+    weight = (tables.embedding_bags if spec.pooled else tables.embeddings)["t0"].weight
     apply_optimizer_in_backward(torch.optim.SGD, [weight], {"lr": 0.1})
     sharder = _sharder(spec)
     plan = construct_module_sharding_plan(model.mc, {"t0": row_wise()}, world_size=spec.world_size,
@@ -179,7 +184,7 @@ def sharded_mc_on_rank(spec: ShardedMCSpec) -> dict[str, Any]:
     for step, (rank_ids, cuts) in enumerate(zip(spec.steps, spec.cuts)):
         embeddings, remapped = sharded(two_feature_batch(rank_ids[rank], cuts[rank]))
         features = remapped.to_dict()
-        embedded = embeddings.to_dict() if spec.module == "mc-ebc" else {key: jt.values() for key, jt in embeddings.items()}
+        embedded = embeddings.to_dict() if spec.pooled else {key: jt.values() for key, jt in embeddings.items()}
         forwards.append({
             "slots": [i for key in FEATURES for i in features[key].values().tolist()],
             "lengths": {key: features[key].lengths().tolist() for key in FEATURES},
@@ -246,7 +251,7 @@ def _check_lookups(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> int:
             for key in FEATURES:
                 rows = [table[[next(slots) for _ in range(length)]] for length in forward["lengths"][key]]
                 got = forward["embedded"][key]
-                if spec.module == "mc-ec":
+                if not spec.pooled:
                     wanted = torch.cat(rows)
                     found = [] if torch.equal(got, wanted) else [f"rank {rank} {key}: {got.tolist()} != {wanted.tolist()}"]
                 else:
@@ -254,7 +259,7 @@ def _check_lookups(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> int:
                     found = normwise(table.dtype).differences(got, wanted, f"rank {rank} {key}") if got.shape == wanted.shape else []
                 if got.shape != wanted.shape or found:
                     raise ParityError(f"forward {step} rank {rank}: {key}'s embeddings are not the table's rows at the remapped "
-                                      f"ids{'' if spec.module == 'mc-ec' else ' summed per sample'} {found[:1]} [{spec.case_id()}]")
+                                      f"ids{' summed per sample' if spec.pooled else ''} {found[:1]} [{spec.case_id()}]")
                 compared += wanted.numel()
     return compared
 
