@@ -11,27 +11,20 @@ import pytest
 from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
-from paritykit.checks.planner.report_rules import (ONE_WIDER, captured_stats_table, frame_problems, imbalance,
+from paritykit.checks.planner.report_rules import (ONE_WIDER, frame_problems, imbalance,
                                                    imbalance_problems, maxima_problems, memory_problems,
                                                    negative_figure_problems, parameter_row_problems, perf_figure_problems,
-                                                   rank_row_problems, recorder, shard_count_problems)
+                                                   rank_row_problems, shard_count_problems)
 
 
 def _plan(device: str):
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.stats import EmbeddingStats
-    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-    from torchrec.distributed.sharding_plan import get_default_sharders
-
-    from paritykit.checks.planner.planning import RESERVED_HBM, parameter_constraints, topology
+    """torchrec's real stats table, chosen plan and topology for the pinned EBC case on 2 hosts of 2,
+    planned as the planner check plans it."""
+    from paritykit.checks.planner.planning import planned_with_report
 
     case = pinned_cases(4, 2)[0]
-    chosen, topo = recorder(), topology(case, device)
-    with captured_stats_table() as rows:
-        EmbeddingShardingPlanner(topology=topo, constraints=parameter_constraints(case), stats=[EmbeddingStats(), chosen],
-                                 storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_HBM),
-                                 ).plan(model_fn(case)(), get_default_sharders())
-    return list(rows), chosen.best_plan, topo
+    _, rows, best_plan, topo = planned_with_report(case, model_fn(case)(), device)
+    return rows, best_plan, topo
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,9 @@ def traffic_constraints(case: PlannerCase, pooling_factor: float, num_poolings: 
 RESERVED_HBM = 0.15  # the share of HBM the planner's default storage reservation keeps
 
 
-def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
-    """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``,
-    and what its statistics report gets wrong about that plan (report_rules.py)."""
+def planned_with_report(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str], list[Any] | None, Any]:
+    """torchrec's ShardingPlan for ``module`` (the case's unsharded module), for ranks on ``device``;
+    the rows of the statistics table it logged, the sharding options it chose, the topology."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.stats import EmbeddingStats
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -74,8 +74,14 @@ def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any,
                                            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED_HBM),
                                            stats=[EmbeddingStats(), chosen])
         plan = planner.plan(module, get_default_sharders())
-    return plan, (report_problems(rows, chosen.best_plan, device, topo.world_size, topo, RESERVED_HBM)
-                  + capacity_problems(chosen.best_plan, topo, device))
+    return plan, list(rows), chosen.best_plan, topo
+
+
+def plan_case(case: PlannerCase, module: Any, device: str = "cpu") -> tuple[Any, list[str]]:
+    """The plan, and what its statistics report gets wrong about it (report_rules.py)."""
+    plan, rows, best_plan, topo = planned_with_report(case, module, device)
+    return plan, (report_problems(rows, best_plan, device, topo.world_size, topo, RESERVED_HBM)
+                  + capacity_problems(best_plan, topo, device))
 
 
 def capacity_problems(options: list[Any], topo: Any, device: str, hbm_share: float = 1.0) -> list[str]:
