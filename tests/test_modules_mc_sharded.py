@@ -49,12 +49,13 @@ RANK_PLANTS = {"mc-evicted-rows-keep-their-embedding"}
 
 
 @pytest.mark.world_size(2)
-def test_planted_evicted_rows_keeping_their_embedding_are_caught(rank_pool):
+@pytest.mark.parametrize("index", [0, 1], ids=["mc-ebc", "mc-ec"])
+def test_planted_evicted_rows_keeping_their_embedding_are_caught(rank_pool, index):
     from paritykit.checks import load_plants
     from paritykit.harness import plants
 
     load_plants(["modules"])
-    spec = pinned_specs(2)[0]
+    spec = pinned_specs(2)[index]
     with plants.applied(sorted(RANK_PLANTS)):
         with pytest.raises(ParityError, match="model admits 2 new id"):
             run_sharded_mc_case(rank_pool, spec)
