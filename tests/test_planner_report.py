@@ -200,6 +200,28 @@ def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
     assert len(problems) == 1 and f"table {split.name!r} {split.sharding_type}" in problems[0], problems
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import compute_floor, floor_problems, weighted_problems
+    from paritykit.checks.planner.planning import enumerated, topology
+
+    case = pinned_cases(2, 2)[0]
+    base, weighted = _traffic(device, 2.0, 1.0), enumerated(case, device, 512, False, (2.0, 1.0), weighted=True)
+    topo = topology(case, device)
+    assert floor_problems(base, device, topo) == [] and weighted_problems(base, weighted, device) == []
+    # A forward estimated at 90% of the bytes its shard must move; a weighted table's backward
+    # estimated below the unweighted one's (its weights' gradient subtracted instead of added).
+    option = next(o for o in base if o.sharding_type == "column_wise")
+    shard = option.shards[0]
+    shard.perf = dataclasses.replace(shard.perf, fwd_compute=0.9 * compute_floor(option, shard, topo, device)[0])
+    problems = floor_problems(base, device, topo)
+    assert len(problems) == 1 and "fwd_compute" in problems[0] and f"table {option.name!r} column_wise" in problems[0], problems
+    heavier = next(o for o in weighted if o.sharding_type == "table_wise").shards[0]
+    heavier.perf = dataclasses.replace(heavier.perf, bwd_compute=0.5 * heavier.perf.bwd_compute)
+    problems = weighted_problems(base, weighted, device)
+    assert problems and all("bwd_compute" in p and "with the features weighted" in p for p in problems), problems
+
+
 def test_a_rank_planned_beyond_its_memory_is_caught():
     from types import SimpleNamespace as NS
 

@@ -53,13 +53,14 @@ class PlannerCase:
         return f"{self.describe()} #{stable_seed(repr(self)) % 16**8:08x}"
 
 
-def build_module(module: str, tables: tuple[TableSpec, ...], seed: int) -> Any:
-    """The case's unsharded module with seeded weights (module level: the ranks build it too)."""
-    return build_ec(tables, seed=seed) if module == "ec" else build_ebc(tables, seed=seed)
+def build_module(module: str, tables: tuple[TableSpec, ...], seed: int, weighted: bool = False) -> Any:
+    """The case's unsharded module with seeded weights (module level: the ranks build it too);
+    ``weighted``: an EBC whose features carry weights."""
+    return build_ec(tables, seed=seed) if module == "ec" else build_ebc(tables, seed=seed, is_weighted=weighted)
 
 
-def model_fn(case: PlannerCase) -> Any:
-    return functools.partial(build_module, case.module, case.tables, case.seed)
+def model_fn(case: PlannerCase, weighted: bool = False) -> Any:
+    return functools.partial(build_module, case.module, case.tables, case.seed, weighted)
 
 
 def batches_of(case: PlannerCase) -> list[list[Any]]:

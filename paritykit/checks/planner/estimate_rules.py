@@ -24,6 +24,14 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
 - a placement holds each row of its table once (a data-parallel table once per rank): with no
   optimizer state to hold, doubling the rows adds exactly their bytes to its shards together, and at
   least that with a cache in front of them (the UVM-caching kernel);
+- a shard's compute reads at least what its step needs, at the fastest memory bandwidth the topology
+  gives the device: the ids it looks up (4 bytes each at least), their rows' columns (the table's
+  element size), and the vectors it writes (one per bag, or per id for a sequence table), each way
+  (the backward reads the output's gradient and writes the rows); a shard of rows looks up its share
+  of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
+  data-parallel table its own rank's;
+- a weighted feature does everything an unweighted one does and more (its weights read, multiplied
+  and differentiated): no component estimates less for the same table weighted;
 - and a shard holds at most that: its weights (twice them with a cache), plus what every rank's batch
   can send it and get back for its features: the ids (8 bytes each; a weighted feature's weights as
   many again) and the output vectors of its columns (float32 at most; one per bag, or per id for a
@@ -75,7 +83,7 @@ def single_problems(options: list[Any], device: str) -> list[str]:
 
 def batch_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
     """Components that do not double with the batch (the data-parallel all-reduce: do not move)."""
-    return _ratio_problems(single, double, device, "the batch", _like_batch)
+    return _ratio_problems(single, double, device, "the batch doubled", _like_batch)
 
 
 def _key(option: Any) -> tuple:
@@ -84,7 +92,7 @@ def _key(option: Any) -> tuple:
 
 def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str, expected: Any,
                     reshaped_ok: bool = False) -> list[str]:
-    """Components of the options in ``double`` (``what`` doubled) against ``expected(option,
+    """Components of the options in ``double`` (after ``what``) against ``expected(option,
     component, before)``: the (low, high) bounds of the component after, or None where it is free.
     ``reshaped_ok``: an option whose shards are cut otherwise after the change is not compared."""
     doubled = {_key(option): option for option in double}
@@ -93,7 +101,7 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
         other = doubled.get(_key(option))
         if other is None or [s.size[0] for s in other.shards] != [s.size[0] for s in option.shards]:
             if not reshaped_ok:
-                problems.append(f"{_option_name(option, device)}: proposed before {what} doubled, not after")
+                problems.append(f"{_option_name(option, device)}: proposed before {what}, not after")
             continue
         for shard, twice in zip(option.shards, other.shards):
             for component in PERF_COMPONENTS:
@@ -102,11 +110,11 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
                 if bounds is None:
                     continue
                 low, high = bounds
-                slack = LINEAR_TOLERANCE * max(abs(low), abs(high), abs(after))
+                slack = LINEAR_TOLERANCE * max(abs(v) for v in (low, high, after) if math.isfinite(v))  # high may be unbounded
                 if not low - slack <= after <= high + slack:
-                    want = f"{low}" if low == high else f"between {low} and {high}"
+                    want = f"{low}" if low == high else f"at least {low}" if high == math.inf else f"between {low} and {high}"
                     problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
-                                    f"{before}, then {after} with {what} doubled (expected {want})")
+                                    f"{before}, then {after} with {what} (expected {want})")
     return problems
 
 
@@ -118,7 +126,7 @@ def columns_problems(single: list[Any], double: list[Any], device: str) -> list[
     def expected(option: Any, component: str, before: float) -> tuple[float, float]:
         return (2 * before, 2 * before) if component in ("fwd_comms", "bwd_comms") else (before, 2 * before)
 
-    return _ratio_problems(single, double, device, "the columns", expected, reshaped_ok=True)
+    return _ratio_problems(single, double, device, "the columns doubled", expected, reshaped_ok=True)
 
 
 def _fixed(option: Any, component: str) -> bool:
@@ -141,13 +149,13 @@ def pooling_factor_problems(single: list[Any], double: list[Any], device: str) -
             return before, before
         return before, 2 * before
 
-    return _ratio_problems(single, double, device, "the ids per bag", expected)
+    return _ratio_problems(single, double, device, "the ids per bag doubled", expected)
 
 
 def num_poolings_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
     """Options whose estimates do not double with the bags per sample (the data-parallel all-reduce:
     do not move)."""
-    return _ratio_problems(single, double, device, "the bags per sample",
+    return _ratio_problems(single, double, device, "the bags per sample doubled",
                            lambda option, component, before: None if component == "prefetch_compute"
                            else _like_batch(option, component, before))
 
@@ -198,6 +206,58 @@ def ceiling_problems(options: list[Any], device: str, world_size: int) -> list[s
                 problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: storage "
                                 f"{_held_by(shard)} bytes, more than its weights and every rank's ids and outputs ({most})")
     return problems
+
+
+MIN_ID_BYTES = 4  # int32 ids, the narrowest torchrec's kernels take
+
+
+def fastest_bandwidth(topology: Any, device: str) -> float:
+    """The fastest memory bandwidth the topology declares for ``device``'s ranks (bytes per ms)."""
+    if device == "cpu":
+        return topology.ddr_mem_bw
+    return max(topology.hbm_mem_bw, topology.ddr_mem_bw, topology.hbm_to_ddr_mem_bw)
+
+
+def _samples_served(option: Any, shard: Any, world_size: int) -> float:
+    """The samples whose ids reach a shard in a step: every rank's batch (a data-parallel table: its
+    own rank's) times the shard's share of their ids (its rows' share, or one row block's: the smaller)."""
+    served = 1 if option.sharding_type == "data_parallel" else world_size
+    blocks = sum(1 for other in option.shards if other.offset[1] == shard.offset[1])
+    return option.batch_size * served * min(shard.size[0] / option.tensor.shape[0], 1 / blocks)
+
+
+def compute_floor(option: Any, shard: Any, topology: Any, device: str) -> tuple[float, float, float]:
+    """(ms, ids, output vectors): the least time the shard's step can take to read its ids, their rows'
+    columns and write its output vectors at the fastest bandwidth the topology declares."""
+    element = option.tensor.element_size()
+    polls = option.num_poolings or [1.0] * option.num_inputs
+    samples = _samples_served(option, shard, topology.world_size)
+    ids = samples * sum(length * bags for length, bags in zip(option.input_lengths, polls))
+    vectors = samples * sum(polls) if option.is_pooled else ids
+    columns = shard.size[1]
+    return (ids * MIN_ID_BYTES + (ids + vectors) * columns * element) / fastest_bandwidth(topology, device), ids, vectors
+
+
+def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
+    """Shards whose forward or backward compute is less than the bytes its step must move at the
+    fastest bandwidth the topology declares."""
+    problems = []
+    for option in options:
+        for shard in option.shards:
+            least, ids, vectors = compute_floor(option, shard, topology, device)
+            for component in ("fwd_compute", "bwd_compute"):
+                found = getattr(shard.perf, component)
+                if found < least * (1 - LINEAR_TOLERANCE):
+                    problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} {found} ms, "
+                                    f"less than reading its {ids:g} ids and their rows and writing {vectors:g} output vectors "
+                                    f"takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
+    return problems
+
+
+def weighted_problems(unweighted: list[Any], weighted: list[Any], device: str) -> list[str]:
+    """Components or storage estimated less for the tables weighted than unweighted."""
+    return _ratio_problems(unweighted, weighted, device, "the features weighted",
+                           lambda option, component, before: (before, math.inf))
 
 
 def _held_by(shard: Any) -> int:

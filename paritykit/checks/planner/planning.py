@@ -10,8 +10,8 @@ from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
 from paritykit.checks.planner.estimate_rules import (batch_problems, ceiling_problems, columns_problems, degenerate_problems,
-                                                     num_poolings_problems, pooling_factor_problems, rows_problems,
-                                                     single_problems)
+                                                     floor_problems, num_poolings_problems, pooling_factor_problems,
+                                                     rows_problems, single_problems, weighted_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
 from paritykit.harness.noise import quiet_planner
 
@@ -103,11 +103,11 @@ def capacity_problems(options: list[Any], topo: Any, device: str, hbm_share: flo
 ESTIMATED_FOR = ("cpu", "cuda")
 
 
-def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool, traffic: tuple[float, float] | None = None
-               ) -> list[Any]:
+def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool, traffic: tuple[float, float] | None = None,
+               weighted: bool = False) -> list[Any]:
     """The sharding options torchrec's enumerator proposes, estimated for ``batch_size``: under the
     case's constraints, or every type and kernel the sharders offer (with ``traffic``, the
-    (pooling factor, num_poolings) of ``traffic_constraints``)."""
+    (pooling factor, num_poolings) of ``traffic_constraints``); ``weighted``: the EBC's features weighted."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.sharding_plan import get_default_sharders
@@ -119,7 +119,7 @@ def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: boo
         estimators = [EmbeddingPerfEstimator(topology=topo, constraints=constraints),
                       EmbeddingStorageEstimator(topology=topo, constraints=constraints)]
         enumerator = EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
-        return enumerator.enumerate(model_fn(case)(), get_default_sharders())
+        return enumerator.enumerate(model_fn(case, weighted)(), get_default_sharders())
 
 
 def _scaled(case: PlannerCase, rows: int = 1, columns: int = 1) -> PlannerCase:
@@ -147,7 +147,9 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         # Two ids per bag and one bag per sample, then each of them doubled (at least one id per bag:
         # below that a pooled table's output shrinks with its empty bags).
         base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
-        problems += ceiling_problems(base, device, case.world_size)
+        problems += ceiling_problems(base, device, case.world_size) + floor_problems(base, device, topology(case, device))
+        if case.module == "ebc":
+            problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
         problems += num_poolings_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0)), device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
