@@ -1,13 +1,15 @@
 """The modules check's gate entry: every dense module family (pinned specs, then drawn ones) against
 its formula, the managed-collision remapper against its eviction policy, MC-EC/EBC against the remap
 plus a hand lookup, an MC-EBC sharded row-wise on the ranks (mc_sharded_cases.py), the object pools
-unsharded and sharded row-wise against a pool model (pool_cases.py), and the known-broken
+unsharded and sharded row-wise against a pool model (pool_cases.py), the embedding configs and the
+modules' construction against what they mean (config_cases.py), and the known-broken
 reproductions. All on CPU; only the sharded modules need a pool."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from paritykit.checks.modules.config_cases import CONFIG_CASES
 from paritykit.checks.modules.dense_cases import run_dense_case
 from paritykit.checks.modules.draws import PINNED, strategies
 from paritykit.checks.modules.known_broken import KNOWN_BROKEN, SHARDED_KNOWN_BROKEN
@@ -34,6 +36,8 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     for kind in ("tensor", "kjt"):
         results += run_property(NAME, pool_specs(kind, 1), lambda spec: run_pool_case(None, spec), config,
                                 case_id=lambda spec: spec.case_id(), explicit=pinned_pool_specs(kind, 1))
+    for what, body in CONFIG_CASES:
+        results.append(run_case(NAME, what, config, body))
     for max_length, length in ((1, 2), (3, 5)):
         results.append(run_case(NAME, f"kjt-pool unsharded refuses a sample of {length} values for a feature of max length {max_length}",
                                 config, lambda max_length=max_length, length=length: too_long_sample_is_refused(max_length, length)))
