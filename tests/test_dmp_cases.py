@@ -39,7 +39,7 @@ def test_every_option_and_model_is_pinned():
     assert any(o.sync_collectives for o in options) and any(o.gradient_division is False for o in options)
     assert any(o.hyper_parameters for o in options) and any(o.qcomm for o in options)
     assert any(o.meta_model and not o.init_data_parallel and o.dense_from_bare for o in options)
-    assert any(case.reshard_to for case in CASES)
+    assert any(case.reshard_to for case in CASES) and any(o.one_tbe_per_table for o in options)
     assert {case.model for case in CASES} == {"module", "ebc-under-dense", "embedding-bag"}
     assert {case.base.module for case in CASES if case.options.sync_collectives} == {"ebc", "ec"}
 
@@ -53,6 +53,20 @@ def test_each_known_broken_dmp_configuration_fails_inside_torchrec_and_is_listed
     failed = CaseResult("sharding", case_id, "fail")
     listed = [issue for issue in active_issues() if issue.matches(failed)]
     assert [issue.standing(installed_versions()) for issue in listed] == ["applies"]
+
+
+def test_tables_batched_into_one_kernel_under_one_tbe_per_table_are_caught():
+    from types import SimpleNamespace
+
+    from paritykit.checks.sharding.dmp_cases import kernels_problem
+    from paritykit.checks.sharding.dmp_models import kernels_and_tables
+
+    case = next(case for case in CASES if case.options.one_tbe_per_table)
+    setup = SimpleNamespace(probes=(kernels_and_tables,))
+    assert kernels_problem(case, setup, SimpleNamespace(probes=[[[(2, 2), (1, 1)]], [[(3, 3)]]])) is None
+    found = kernels_problem(case, setup, SimpleNamespace(probes=[[[(2, 2)]], [[(1, 3)]]]))
+    assert found == "rank 1: use_one_tbe_per_table, yet lookups batch 3 tables in 1 kernel(s)", found
+    assert "no batched lookup" in kernels_problem(case, setup, SimpleNamespace(probes=[[[]], [[(1, 1)]]]))
 
 
 def _case(**options) -> DmpCase:

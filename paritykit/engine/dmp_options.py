@@ -76,6 +76,9 @@ class DmpOptions:
     # makes in the caller for the same topology and sharders (dmp_planned), which the ranks' must equal.
     # On CPU ranks it is given no device either (its documented default is the CPU).
     plan_by_dmp: bool = False
+    # The EBC/EC sharders given torchrec's use_one_tbe_per_table fused param: each table its own TBE
+    # (kernel) where torchrec would group a rank's tables into one, so a rank's lookups are merged.
+    one_tbe_per_table: bool = False
 
     def check(self, steps: int, embedding_optimizer: str) -> None:
         """HarnessError naming the option at fault, before any rank runs."""
@@ -93,6 +96,11 @@ class DmpOptions:
                 raise HarnessError(f"hyper_parameters[{step}]: give 'lr' and at most {HYPER_PARAMETERS}; got {sorted(entry)}")
             if "eps" in entry and embedding_optimizer == "sgd":
                 raise HarnessError(f"hyper_parameters[{step}]: sgd has no eps")
+        if self.one_tbe_per_table:
+            from torchrec.distributed import embedding_sharding
+
+            if not hasattr(embedding_sharding, "USE_ONE_TBE_PER_TABLE"):
+                raise HarnessError("one_tbe_per_table: this torchrec's table grouping has no use_one_tbe_per_table")
         if self.qcomm is not None:
             for name in (self.qcomm.forward, self.qcomm.backward):
                 if name not in CODEC_PRECISIONS:
@@ -101,7 +109,8 @@ class DmpOptions:
             raise HarnessError(f"reshard.before_step must fall between two steps (1..{steps - 1}), got {self.reshard.before_step}")
 
     def describe(self) -> str:
-        parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup", "plan_by_dmp")
+        parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup", "plan_by_dmp",
+                                   "one_tbe_per_table")
                  if getattr(self, name)]
         parts += [] if self.gradient_division is None else [f"gradient_division={self.gradient_division}"]
         parts += [] if self.init_data_parallel else ["init_data_parallel=False"]
@@ -185,6 +194,8 @@ class DmpOptions:
             dmp.fused_optimizer.step()
 
     def _sharders(self, device: torch.device) -> list[Any]:
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.sharding_plan import get_default_sharders
 
         sharders = get_default_sharders()
@@ -192,19 +203,23 @@ class DmpOptions:
             from torchrec.distributed.embeddingbag import EmbeddingBagSharder
 
             sharders.append(EmbeddingBagSharder(fused_params=dict(self.embedding_bag_fused_params)))
-        if self.qcomm is None:
+        if self.qcomm is None and not self.one_tbe_per_table:
             return sharders
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+        options: dict[str, Any] = {}
+        if self.one_tbe_per_table:
+            from torchrec.distributed.embedding_sharding import USE_ONE_TBE_PER_TABLE
 
-        registry = get_qcomm_codecs_registry(
-            QCommsConfig(forward_precision=CommType(self.qcomm.forward), backward_precision=CommType(self.qcomm.backward),
-                         backward_loss_scale=self.qcomm.backward_loss_scale),
-            device=device)
-        quantized = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry), EmbeddingCollectionSharder(qcomm_codecs_registry=registry)]
-        replaced = {sharder.module_type for sharder in quantized}
-        return quantized + [sharder for sharder in sharders if sharder.module_type not in replaced]
+            options["fused_params"] = {USE_ONE_TBE_PER_TABLE: True}
+        if self.qcomm is not None:
+            from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+            options["qcomm_codecs_registry"] = get_qcomm_codecs_registry(
+                QCommsConfig(forward_precision=CommType(self.qcomm.forward), backward_precision=CommType(self.qcomm.backward),
+                             backward_loss_scale=self.qcomm.backward_loss_scale),
+                device=device)
+        replacing = [EmbeddingBagCollectionSharder(**options), EmbeddingCollectionSharder(**options)]
+        replaced = {sharder.module_type for sharder in replacing}
+        return replacing + [sharder for sharder in sharders if sharder.module_type not in replaced]
 
     # -- the reference side ---------------------------------------------------------------------
 

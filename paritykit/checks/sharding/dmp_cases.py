@@ -31,7 +31,7 @@ from paritykit.checks.sharding.case_runner import case_setup, permutation_proble
 from paritykit.checks.sharding.codec_oracle import codec_applies, codec_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
 from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
-                                                   unsharded_buffers)
+                                                   kernels_and_tables, unsharded_buffers)
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard, dmp_planned
@@ -123,9 +123,12 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     setup = dmp_setup(case, pool.device)
     if case.model == "ebc-under-dense":
         setup = dataclasses.replace(setup, probes=setup.probes + (unsharded_buffers,))
+    if case.options.one_tbe_per_table:
+        setup = dataclasses.replace(setup, probes=setup.probes + (kernels_and_tables,))
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
     problem = permutation_problem(case.base, setup, record) if case.model == "module" else buffers_problem(case, setup, record)
+    problem = problem or kernels_problem(case, setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
     metrics = compare_records(record, reference, tolerance_of(case), case.describe(), where=where_for(setup))
@@ -138,13 +141,28 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
 
 
+def kernels_problem(case: DmpCase, setup: TrainingSetup, record: Any) -> str | None:
+    """With one TBE per table, a lookup on a rank that batches tables into fewer kernels than tables."""
+    if not case.options.one_tbe_per_table:
+        return None
+    probe = setup.probes.index(kernels_and_tables)
+    for rank, probes in enumerate(record.probes):
+        counts = probes[probe]
+        if not counts:
+            return f"rank {rank}: no batched lookup found to count its kernels (one_tbe_per_table cannot be shown)"
+        shared = [(kernels, tables) for kernels, tables in counts if kernels != tables]
+        if shared:
+            return f"rank {rank}: use_one_tbe_per_table, yet lookups batch {', '.join(f'{t} tables in {k} kernel(s)' for k, t in shared)}"
+    return None
+
+
 def buffers_problem(case: DmpCase, setup: TrainingSetup, record: Any) -> str | None:
     """DMP's named_buffers outside the sharded modules against the unsharded model's own buffers."""
     if case.model != "ebc-under-dense":
         return None
     expected = dict(setup.model_fn().named_buffers())
     for rank, probes in enumerate(record.probes):
-        found = find_differences(probes[-1], expected, exact=True, name="named_buffers")
+        found = find_differences(probes[setup.probes.index(unsharded_buffers)], expected, exact=True, name="named_buffers")
         if found:
             return f"rank {rank}: DMP.named_buffers() outside the sharded modules is not the unsharded model's:\n" + \
                 format_differences(found[:3], exact=True, msg="named_buffers")
@@ -201,6 +219,7 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
     sync = DmpOptions(sync_collectives=True)
     schedule = ({"lr": 0.1}, {"lr": 0.03, "eps": 1e-2}, {"lr": 0.25, "eps": 1e-5})
     qcomm = DmpOptions(qcomm=QComm("fp16", "fp16", backward_loss_scale=128.0))
+    one_tbe = DmpOptions(one_tbe_per_table=True)
     moved = {"t0": ("table_wise", 0), "t1": ("column_wise", (last, 0)), "t2": ("table_wise", last)}
     return (
         # The *_sync collectives: pooled (TW/CW), reduce-scatter (RW), TWRW and GRID, variable batch, sequence (EC).
@@ -244,6 +263,12 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
         DmpCase("dmp-plans", _ebc(world_size, {t.name: ("row_wise",) for t in _tables()}, 50, "adagrad", tables=_PLANNED_TABLES),
                 DmpOptions(plan_by_dmp=True),
                 model="ebc-under-dense"),
+        # One TBE per table (torchrec's use_one_tbe_per_table): a rank's tables looked up by several kernels and
+        # their outputs joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal).
+        DmpCase("one-tbe-per-table", _ebc(world_size, {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}, 51,
+                                          "adagrad"), one_tbe),
+        DmpCase("one-tbe-per-table", _ebc(world_size, {**mixed, "t0": ("table_wise", 0), "t1": ("table_wise", 0)}, 52), one_tbe),
+        DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe),
         # torchrec's EmbeddingBagSharder on a plain nn.EmbeddingBag (row-wise: fused and dense kernels).
         DmpCase("embedding-bag", _bag_base(world_size, 45, "fused"), DmpOptions(), model="embedding-bag"),
         DmpCase("embedding-bag", _bag_base(world_size, 46, "dense"), DmpOptions(sync_collectives=True), model="embedding-bag"),

@@ -56,6 +56,24 @@ def unsharded_buffers(dmp: nn.Module) -> dict[str, torch.Tensor]:
             if not any(canonical_name(name).startswith(f"{fqn}.") for fqn in sharded)}
 
 
+def kernels_and_tables(dmp: nn.Module) -> list[tuple[int, int]]:
+    """A probe: for every lookup of every sharded embedding module, (its batched kernels, the tables
+    they hold shards of: a table's column shards on one rank share a kernel)."""
+    from torchrec.distributed.types import ShardedModule
+
+    found = []
+    for module in dmp.modules():
+        if not isinstance(module, ShardedModule):
+            continue
+        for lookup in getattr(module, "_lookups", ()):
+            lookup = getattr(lookup, "module", lookup)  # a data-parallel lookup is wrapped in DDP
+            configs, kernels = getattr(lookup, "grouped_configs", None), getattr(lookup, "_emb_modules", None)
+            if configs is None or kernels is None:
+                continue  # not a batched lookup (none on this stack's shape): nothing to count
+            found.append((len(kernels), len({table.name for config in configs for table in config.embedding_tables})))
+    return found
+
+
 def build_ebc_under_dense(tables: tuple[TableSpec, ...], seed: int) -> nn.Module:
     return EbcUnderDense(tables, seed)
 
