@@ -219,7 +219,6 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
     sync = DmpOptions(sync_collectives=True)
     schedule = ({"lr": 0.1}, {"lr": 0.03, "eps": 1e-2}, {"lr": 0.25, "eps": 1e-5})
     qcomm = DmpOptions(qcomm=QComm("fp16", "fp16", backward_loss_scale=128.0))
-    one_tbe = DmpOptions(one_tbe_per_table=True)
     moved = {"t0": ("table_wise", 0), "t1": ("column_wise", (last, 0)), "t2": ("table_wise", last)}
     return (
         # The *_sync collectives: pooled (TW/CW), reduce-scatter (RW), TWRW and GRID, variable batch, sequence (EC).
@@ -263,16 +262,21 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
         DmpCase("dmp-plans", _ebc(world_size, {t.name: ("row_wise",) for t in _tables()}, 50, "adagrad", tables=_PLANNED_TABLES),
                 DmpOptions(plan_by_dmp=True),
                 model="ebc-under-dense"),
-        # One TBE per table (torchrec's use_one_tbe_per_table): a rank's tables looked up by several kernels and
-        # their outputs joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal).
-        DmpCase("one-tbe-per-table", _ebc(world_size, {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}, 51,
-                                          "adagrad"), one_tbe),
-        DmpCase("one-tbe-per-table", _ebc(world_size, {**mixed, "t0": ("table_wise", 0), "t1": ("table_wise", 0)}, 52), one_tbe),
-        DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe),
+        *_one_kernel_per_table(world_size, mixed, ec),
         # torchrec's EmbeddingBagSharder on a plain nn.EmbeddingBag (row-wise: fused and dense kernels).
         DmpCase("embedding-bag", _bag_base(world_size, 45, "fused"), DmpOptions(), model="embedding-bag"),
         DmpCase("embedding-bag", _bag_base(world_size, 46, "dense"), DmpOptions(sync_collectives=True), model="embedding-bag"),
     )
+
+
+def _one_kernel_per_table(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
+    """torchrec's use_one_tbe_per_table: a rank's tables looked up by several kernels, their outputs joined
+    (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal)."""
+    one_tbe = DmpOptions(one_tbe_per_table=True)
+    row_wise = {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}
+    return (DmpCase("one-tbe-per-table", _ebc(world_size, row_wise, 51, "adagrad"), one_tbe),
+            DmpCase("one-tbe-per-table", _ebc(world_size, {**mixed, "t0": ("table_wise", 0), "t1": ("table_wise", 0)}, 52), one_tbe),
+            DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe))
 
 
 def _bag_base(world_size: int, seed: int, kernel: str) -> ShardingCase:
