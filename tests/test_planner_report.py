@@ -222,6 +222,22 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
     assert problems and all("bwd_compute" in p and "with the features weighted" in p for p in problems), problems
 
 
+def test_a_uvm_cache_smaller_than_its_load_factor_is_caught():
+    from paritykit.checks.planner.estimate_rules import cache_problems
+    from paritykit.checks.planner.planning import CACHE_LOAD_FACTOR
+
+    base = _traffic("cuda", 2.0, 1.0)
+    assert cache_problems(base, "cuda", CACHE_LOAD_FACTOR) == []
+    cached = next(o for o in base if o.compute_kernel == "fused_uvm_caching" and o.sharding_type == "table_wise")
+    uncached = next(o for o in base if o.compute_kernel == "fused_uvm" and o.sharding_type == "table_wise" and o.name == cached.name)
+    shard = cached.shards[0]
+    # The cache sized at a tenth of the rows, not the load factor's share.
+    rows, columns = shard.size
+    shard.storage = dataclasses.replace(shard.storage, hbm=uncached.shards[0].storage.hbm + rows * columns * 4 // 10)
+    problems = cache_problems(base, "cuda", CACHE_LOAD_FACTOR)
+    assert len(problems) == 1 and f"table {cached.name!r} table_wise/fused_uvm_caching" in problems[0], problems
+
+
 def test_a_rank_planned_beyond_its_memory_is_caught():
     from types import SimpleNamespace as NS
 

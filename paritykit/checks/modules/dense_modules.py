@@ -54,7 +54,9 @@ class DenseSpec:
     the (N_k, D_k) of each embedding (FM, DeepFM), or SwishLayerNorm's (d1, d2) with ``norm_dims``
     normalized; ``layers``, ``rank``, ``experts``: the cross nets'. The DLRM archs: ``sizes`` the
     DenseArch's or OverArch's layers, or the projection's (F1, F2); ``dims`` an interaction's ((F, D),);
-    ``layers`` and ``rank`` the DCN interaction's LowRankCrossNet."""
+    ``layers`` and ``rank`` the DCN interaction's LowRankCrossNet. ``defaults``: a cross net built with
+    its rank, experts and activation left out: torchrec's documented defaults (rank 1, relu; one expert,
+    the form its docstring says skips the gates) are then the spec's."""
 
     kind: str
     batch: int
@@ -70,6 +72,7 @@ class DenseSpec:
     norm_dims: int = 1
     dtype: str = "float32"
     seed: int = 0
+    defaults: bool = False
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -92,7 +95,7 @@ class DenseSpec:
                   "interaction_projection_arch": f"F,D={self.dims} F1,F2={self.sizes}",
                   **{kind: f"dense_in={self.width} tables(features,rows)={self.dims} D={self.rank} layers={self.layers}"
                      for kind in DLRM_MODELS}}[self.kind]
-        return f"{self.kind} {fields} B={self.batch} {self.dtype} seed={self.seed}"
+        return f"{self.kind} {fields} B={self.batch} {self.dtype} seed={self.seed}" + (" (defaults left out)" if self.defaults else "")
 
 
 def _generator(spec: DenseSpec, *parts: Any) -> torch.Generator:
@@ -138,6 +141,8 @@ def _module(spec: DenseSpec) -> torch.nn.Module:
         return SwishLayerNorm(d2 if spec.norm_dims == 1 else [d1, d2])
     if spec.kind == "cross_net":
         return crossnet.CrossNet(n, layers)
+    if spec.defaults:
+        return _with_defaults(spec)
     if spec.kind == "low_rank_cross_net":
         return crossnet.LowRankCrossNet(n, layers, low_rank=spec.rank)
     if spec.kind == "vector_cross_net":
@@ -154,6 +159,18 @@ def _module(spec: DenseSpec) -> torch.nn.Module:
     if spec.kind in DLRM_MODELS:
         return _dlrm_model(spec)
     raise HarnessError(f"unknown dense module kind {spec.kind!r}; known: {', '.join(KINDS)}")
+
+
+DOCUMENTED_DEFAULTS = {"rank": 1, "experts": 1, "activation": "torch.relu"}
+
+
+def _with_defaults(spec: DenseSpec) -> torch.nn.Module:
+    from torchrec.modules import crossnet
+
+    if spec.kind not in ("low_rank_cross_net", "mixture_cross_net") or any(getattr(spec, k) != v for k, v in DOCUMENTED_DEFAULTS.items()):
+        raise HarnessError(f"defaults=True needs a low-rank or mixture cross net with {DOCUMENTED_DEFAULTS}, got {spec}")
+    make = crossnet.LowRankCrossNet if spec.kind == "low_rank_cross_net" else crossnet.LowRankMixtureCrossNet
+    return make(spec.width, spec.layers)
 
 
 def _dlrm_arch(spec: DenseSpec) -> torch.nn.Module:

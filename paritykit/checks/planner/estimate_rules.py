@@ -30,6 +30,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   (the backward reads the output's gradient and writes the rows); a shard of rows looks up its share
   of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
   data-parallel table its own rank's;
+- a UVM cache holds the user's load factor of its table's rows in HBM: a caching shard's HBM exceeds
+  the same shard's without a cache (UVM) by at least that share of its weights;
 - a weighted feature does everything an unweighted one does and more (its weights read, multiplied
   and differentiated): no component estimates less for the same table weighted;
 - and a shard holds at most that: its weights (twice them with a cache), plus what every rank's batch
@@ -251,6 +253,25 @@ def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
                     problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} {found} ms, "
                                     f"less than reading its {ids:g} ids and their rows and writing {vectors:g} output vectors "
                                     f"takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
+    return problems
+
+
+def cache_problems(options: list[Any], device: str, load_factor: float) -> list[str]:
+    """UVM-caching shards that hold in HBM, beyond what the same shard without a cache (UVM) holds there,
+    less than the user's load factor of their weights (the cache's rows)."""
+    uncached = {(o.name, o.sharding_type): o for o in options if o.compute_kernel == "fused_uvm"}
+    problems = []
+    for option in options:
+        plain = uncached.get((option.name, option.sharding_type))
+        if option.compute_kernel != "fused_uvm_caching" or plain is None or len(plain.shards) != len(option.shards):
+            continue
+        for shard, without in zip(option.shards, plain.shards):
+            rows, columns = shard.size
+            cache = math.floor(load_factor * rows * columns * option.tensor.element_size())
+            added = shard.storage.hbm - without.storage.hbm
+            if added < cache:
+                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: its cache adds {added} "
+                                f"bytes of hbm to the uncached shard's, less than the load factor {load_factor} of its weights ({cache})")
     return problems
 
 

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import (batch_problems, ceiling_problems, columns_problems, degenerate_problems,
+from paritykit.checks.planner.estimate_rules import (batch_problems, cache_problems, ceiling_problems, columns_problems, degenerate_problems,
                                                      floor_problems, num_poolings_problems, pooling_factor_problems,
                                                      rows_problems, single_problems, weighted_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
@@ -43,16 +43,23 @@ def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
             for table, c in case.constraints}
 
 
+# The share of a table's rows a UVM cache holds, as a user sets it (not torchrec's default).
+CACHE_LOAD_FACTOR = 0.3
+
+
 def traffic_constraints(case: PlannerCase, pooling_factor: float, num_poolings: float) -> dict[str, Any]:
     """Constraints saying only how much each feature of every table is looked up: ``pooling_factor``
-    ids per bag and ``num_poolings`` bags per sample (every sharding type and kernel stays open), and
-    the output's dtype spelled out as float32 (the tables' own: the planner then sizes outputs by it)."""
+    ids per bag and ``num_poolings`` bags per sample (every sharding type and kernel stays open), the
+    output's dtype spelled out as float32 (the tables' own: the planner then sizes outputs by it), and
+    the UVM cache's load factor."""
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
     from torchrec.modules.embedding_configs import DataType
 
     dtype = {"output_dtype": DataType.FP32} if "output_dtype" in {f.name for f in dataclasses.fields(ParameterConstraints)} else {}
     return {t.name: ParameterConstraints(pooling_factors=[pooling_factor] * len(t.feature_names),
-                                         num_poolings=[num_poolings] * len(t.feature_names), **dtype) for t in case.tables}
+                                         num_poolings=[num_poolings] * len(t.feature_names),
+                                         cache_params=CacheParams(load_factor=CACHE_LOAD_FACTOR), **dtype) for t in case.tables}
 
 
 RESERVED_HBM = 0.15  # the share of HBM the planner's default storage reservation keeps
@@ -148,6 +155,7 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         # below that a pooled table's output shrinks with its empty bags).
         base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
         problems += ceiling_problems(base, device, case.world_size) + floor_problems(base, device, topology(case, device))
+        problems += cache_problems(base, device, CACHE_LOAD_FACTOR)
         if case.module == "ebc":
             problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
