@@ -5,6 +5,7 @@ torchrec's real report and estimates and to fail on one element changed."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -202,7 +203,7 @@ def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(device):
-    from paritykit.checks.planner.estimate_rules import compute_floor, floor_problems, weighted_problems
+    from paritykit.checks.planner.estimate_rules import compute_floor, floor_problems, storage_floor, weighted_problems
     from paritykit.checks.planner.planning import enumerated, topology
 
     case = pinned_cases(2, 2)[0]
@@ -213,9 +214,13 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
     # estimated below the unweighted one's (its weights' gradient subtracted instead of added).
     option = next(o for o in base if o.sharding_type == "column_wise")
     shard = option.shards[0]
-    shard.perf = dataclasses.replace(shard.perf, fwd_compute=0.9 * compute_floor(option, shard, topo, device)[0])
+    shard.perf = dataclasses.replace(shard.perf, fwd_compute=0.9 * compute_floor(option, shard, topo, device))
     problems = floor_problems(base, device, topo)
     assert len(problems) == 1 and "fwd_compute" in problems[0] and f"table {option.name!r} column_wise" in problems[0], problems
+    # ... and its storage short of its step's ids by a byte.
+    shard.storage = dataclasses.replace(shard.storage, hbm=0, ddr=math.ceil(storage_floor(option, shard, topo.world_size)) - 1)
+    problems = floor_problems(base, device, topo)
+    assert len(problems) == 2 and "storage" in problems[1] and "output vectors" in problems[1], problems
     heavier = next(o for o in weighted if o.sharding_type == "table_wise").shards[0]
     heavier.perf = dataclasses.replace(heavier.perf, bwd_compute=0.5 * heavier.perf.bwd_compute)
     problems = weighted_problems(base, weighted, device)

@@ -29,7 +29,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   element size), and the vectors it writes (one per bag, or per id for a sequence table), each way
   (the backward reads the output's gradient and writes the rows); a shard of rows looks up its share
   of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
-  data-parallel table its own rank's;
+  data-parallel table its own rank's; and its storage holds at least its weights, those ids and
+  those vectors;
 - a UVM cache holds the user's load factor of its table's rows in HBM: a caching shard's HBM exceeds
   the same shard's without a cache (UVM) by at least that share of its weights;
 - a weighted feature does everything an unweighted one does and more (its weights read, multiplied
@@ -228,31 +229,48 @@ def _samples_served(option: Any, shard: Any, world_size: int) -> float:
     return option.batch_size * served * min(shard.size[0] / option.tensor.shape[0], 1 / blocks)
 
 
-def compute_floor(option: Any, shard: Any, topology: Any, device: str) -> tuple[float, float, float]:
-    """(ms, ids, output vectors): the least time the shard's step can take to read its ids, their rows'
-    columns and write its output vectors at the fastest bandwidth the topology declares."""
-    element = option.tensor.element_size()
+def step_traffic(option: Any, shard: Any, world_size: int) -> tuple[float, float]:
+    """(ids, output vectors) of the shard's step: the ids it looks up and the vectors it writes."""
     polls = option.num_poolings or [1.0] * option.num_inputs
-    samples = _samples_served(option, shard, topology.world_size)
+    samples = _samples_served(option, shard, world_size)
     ids = samples * sum(length * bags for length, bags in zip(option.input_lengths, polls))
-    vectors = samples * sum(polls) if option.is_pooled else ids
-    columns = shard.size[1]
-    return (ids * MIN_ID_BYTES + (ids + vectors) * columns * element) / fastest_bandwidth(topology, device), ids, vectors
+    return ids, (samples * sum(polls) if option.is_pooled else ids)
+
+
+def compute_floor(option: Any, shard: Any, topology: Any, device: str) -> float:
+    """The least time (ms) the shard's step can take to read its ids, their rows' columns and write its
+    output vectors at the fastest bandwidth the topology declares."""
+    ids, vectors = step_traffic(option, shard, topology.world_size)
+    return (ids * MIN_ID_BYTES + (ids + vectors) * shard.size[1] * option.tensor.element_size()) / fastest_bandwidth(topology, device)
+
+
+def storage_floor(option: Any, shard: Any, world_size: int) -> float:
+    """The least bytes a shard holds: its weights, the ids its step receives and the vectors it outputs."""
+    ids, vectors = step_traffic(option, shard, world_size)
+    rows, columns = shard.size
+    element = option.tensor.element_size()
+    return rows * columns * element + ids * MIN_ID_BYTES + vectors * columns * element
 
 
 def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
     """Shards whose forward or backward compute is less than the bytes its step must move at the
-    fastest bandwidth the topology declares."""
+    fastest bandwidth the topology declares, or whose storage is less than its weights and its step's
+    ids and output vectors."""
     problems = []
     for option in options:
         for shard in option.shards:
-            least, ids, vectors = compute_floor(option, shard, topology, device)
+            where = f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}"
+            ids, vectors = step_traffic(option, shard, topology.world_size)
+            least = compute_floor(option, shard, topology, device)
             for component in ("fwd_compute", "bwd_compute"):
                 found = getattr(shard.perf, component)
                 if found < least * (1 - LINEAR_TOLERANCE):
-                    problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} {found} ms, "
-                                    f"less than reading its {ids:g} ids and their rows and writing {vectors:g} output vectors "
-                                    f"takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
+                    problems.append(f"{where}: {component} {found} ms, less than reading its {ids:g} ids and their rows and "
+                                    f"writing {vectors:g} output vectors takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
+            held, least_held = _held_by(shard), storage_floor(option, shard, topology.world_size)
+            if held < least_held:
+                problems.append(f"{where}: storage {held} bytes, less than its weights, its step's {ids:g} ids and "
+                                f"{vectors:g} output vectors ({least_held:.0f} bytes)")
     return problems
 
 

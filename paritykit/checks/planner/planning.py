@@ -158,8 +158,9 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         problems += cache_problems(base, device, CACHE_LOAD_FACTOR)
         if case.module == "ebc":
             problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
-        problems += pooling_factor_problems(base, enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), device)
-        problems += num_poolings_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0)), device)
+        more_ids, more_bags = enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0))
+        problems += floor_problems(more_ids, device, topology(case, device)) + floor_problems(more_bags, device, topology(case, device))
+        problems += pooling_factor_problems(base, more_ids, device) + num_poolings_problems(base, more_bags, device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
                                   case.world_size)
         problems += columns_problems(base, enumerated(_scaled(case, columns=2), device, BATCH_SIZE, False, (2.0, 1.0)), device)

@@ -1,0 +1,37 @@
+"""torchrec's collective control flow (checks/sharding/leader_cases.py): it passes on the ranks for
+every leader, and each way a rank's result can be wrong is caught (the ranks' results changed)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from paritykit.checks.sharding.leader_cases import leader_cases, run_leader_case, run_leader_case_on_rank
+from paritykit.errors import ParityError
+
+
+@pytest.mark.world_size(2)
+def test_every_leader_runs_once_and_shares_its_result(rank_pool):
+    for case in leader_cases(2):
+        assert run_leader_case(case, rank_pool) == {"ranks": 2, "leader": case.leader, "calls": 3}
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("change,words", [
+    (lambda found: found[1].update(is_leader=True), "is_leader(pg, 0) = True"),
+    (lambda found: found[0].update(is_leader_default=False), "the leader defaults to rank 0"),
+    (lambda found: found[1].update(invoked=(1, "abab")), "expected the leader's (rank 0) result"),
+    (lambda found: found[1].update(calls=["ab", "c"]), "only on the leader"),
+    (lambda found: found[1]["shared"].__setitem__(1, found[1]["shared"][0]), "create_on_rank_and_share_result gave"),
+    (lambda found: found[1].update(shared_after_write=found[1]["shared"][0]), "shared memory, not a copy"),
+])
+def test_a_wrong_rank_result_is_caught(rank_pool, change, words):
+    case = leader_cases(2)[0]
+    found = rank_pool.call(run_leader_case_on_rank, (case,), case=case.case_id())
+    changed = copy.deepcopy(found)
+    change(changed)
+    with pytest.raises(ParityError, match=re.escape(words)):
+        run_leader_case(case, SimpleNamespace(world_size=2, call=lambda *args, **kwargs: changed))
