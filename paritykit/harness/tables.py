@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,8 +61,9 @@ def seeded_full_weights(tables: Sequence[TableSpec], seed: int) -> dict[str, tor
     return {t.name: seeded_table_weight(t, seed) for t in tables}
 
 
-def build_ec(tables: Sequence[TableSpec], *, seed: int, need_indices: bool = False, device: str = "cpu") -> nn.Module:
-    """An unsharded EmbeddingCollection with ``seeded_full_weights(tables, seed)`` loaded."""
+def build_ec(tables: Sequence[TableSpec], *, seed: int, need_indices: bool = False, device: str = "cpu", **options: Any) -> nn.Module:
+    """An unsharded EmbeddingCollection with ``seeded_full_weights(tables, seed)`` loaded; ``options``:
+    more of EmbeddingCollection's own arguments."""
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -71,7 +73,7 @@ def build_ec(tables: Sequence[TableSpec], *, seed: int, need_indices: bool = Fal
         )
         for t in tables
     ]
-    module = EmbeddingCollection(tables=configs, device=torch.device(device), need_indices=need_indices)
+    module = EmbeddingCollection(tables=configs, device=torch.device(device), need_indices=need_indices, **options)
     load_full_weights(module, seeded_full_weights(tables, seed))
     return module
 

@@ -31,7 +31,7 @@ from paritykit.checks.sharding.case_runner import case_setup, permutation_proble
 from paritykit.checks.sharding.codec_oracle import codec_applies, codec_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
 from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
-                                                   kernels_and_tables, unsharded_buffers)
+                                                   build_gather_select_ec, kernels_and_tables, unsharded_buffers)
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard, dmp_planned
@@ -48,7 +48,7 @@ from paritykit.harness.tables import TableSpec
 # What a case shards: the base's own EBC/EC; that EBC built unweighted but fed the base's weighted
 # batches; the EBC under a dense layer; a plain nn.EmbeddingBag fed offsets with their end (torchrec's
 # convention) or without it (torch's default).
-MODELS = ("module", "unweighted-module", "ebc-under-dense", "embedding-bag", "embedding-bag-torch-offsets")
+MODELS = ("module", "unweighted-module", "ebc-under-dense", "embedding-bag", "embedding-bag-torch-offsets", "ec-gather-select")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,10 @@ def dmp_setup(case: DmpCase, device: str = "cpu") -> TrainingSetup:
         setup = case_setup(base, device)
     elif case.model == "unweighted-module":
         setup = build_setup(functools.partial(build_module, base.module, base.tables, False, base.need_indices, base.seed),
+                            torchrec_plan(base), batches_of(base), embedding_optimizer=base.optimizer,
+                            dense_optimizer=base.dense_optimizer, seed=base.seed, device=device)
+    elif case.model == "ec-gather-select":
+        setup = build_setup(functools.partial(build_gather_select_ec, base.tables, base.seed, base.need_indices),
                             torchrec_plan(base), batches_of(base), embedding_optimizer=base.optimizer,
                             dense_optimizer=base.dense_optimizer, seed=base.seed, device=device)
     elif case.model == "ebc-under-dense":
@@ -262,21 +266,27 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
         DmpCase("dmp-plans", _ebc(world_size, {t.name: ("row_wise",) for t in _tables()}, 50, "adagrad", tables=_PLANNED_TABLES),
                 DmpOptions(plan_by_dmp=True),
                 model="ebc-under-dense"),
-        *_one_kernel_per_table(world_size, mixed, ec),
+        *_lookup_options(world_size, mixed, ec),
         # torchrec's EmbeddingBagSharder on a plain nn.EmbeddingBag (row-wise: fused and dense kernels).
         DmpCase("embedding-bag", _bag_base(world_size, 45, "fused"), DmpOptions(), model="embedding-bag"),
         DmpCase("embedding-bag", _bag_base(world_size, 46, "dense"), DmpOptions(sync_collectives=True), model="embedding-bag"),
     )
 
 
-def _one_kernel_per_table(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
-    """torchrec's use_one_tbe_per_table: a rank's tables looked up by several kernels, their outputs joined
-    (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal)."""
+def _lookup_options(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
+    """How a rank looks its tables up. torchrec's use_one_tbe_per_table: several kernels, their outputs
+    joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal). An EC
+    whose outputs are selected by torch.gather, overridden for its row-wise tables (GATHER_SELECT)."""
+    last = world_size - 1
     one_tbe = DmpOptions(one_tbe_per_table=True)
     row_wise = {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}
+    gathered_tw = {"t0": ("column_wise", (0, last, 0)), "t1": ("table_wise", 0), "t2": ("table_wise", last)}
     return (DmpCase("one-tbe-per-table", _ebc(world_size, row_wise, 51, "adagrad"), one_tbe),
             DmpCase("one-tbe-per-table", _ebc(world_size, {**mixed, "t0": ("table_wise", 0), "t1": ("table_wise", 0)}, 52), one_tbe),
-            DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe))
+            DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe),
+            DmpCase("gather-select", dataclasses.replace(ec, seed=54), DmpOptions(), model="ec-gather-select"),
+            DmpCase("gather-select", dataclasses.replace(ec, seed=55, need_indices=False, plan=gathered_tw), DmpOptions(),
+                    model="ec-gather-select"))
 
 
 def _bag_base(world_size: int, seed: int, kernel: str) -> ShardingCase:

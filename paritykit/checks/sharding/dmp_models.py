@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from paritykit.harness.seeding import generator
-from paritykit.harness.tables import TableSpec, build_ebc
+from paritykit.errors import HarnessError
+from paritykit.harness.tables import TableSpec, build_ebc, build_ec
 
 DENSE_OUT = 3
 BAG_ROWS, BAG_WIDTH, BAG_BATCH = 12, 8, 3
@@ -72,6 +73,23 @@ def kernels_and_tables(dmp: nn.Module) -> list[tuple[int, int]]:
                 continue  # not a batched lookup (none on this stack's shape): nothing to count
             found.append((len(kernels), len({table.name for config in configs for table in config.embedding_tables})))
     return found
+
+
+# The sharding types whose EC outputs are selected with torch.gather (the rest with index_select):
+# the per-type choice overrides the module-wide one, both set.
+GATHER_SELECT = {"use_gather_select": True, "use_gather_select_per_sharding": {"row_wise": False}}
+
+
+def build_gather_select_ec(tables: tuple[TableSpec, ...], seed: int, need_indices: bool) -> nn.Module:
+    """The EC told to select its sharded outputs with torch.gather (GATHER_SELECT)."""
+    import inspect
+
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    missing = set(GATHER_SELECT) - set(inspect.signature(EmbeddingCollection).parameters)
+    if missing:
+        raise HarnessError(f"this torchrec's EmbeddingCollection takes no {sorted(missing)}")
+    return build_ec(tables, seed=seed, need_indices=need_indices, **GATHER_SELECT)
 
 
 def build_ebc_under_dense(tables: tuple[TableSpec, ...], seed: int) -> nn.Module:
