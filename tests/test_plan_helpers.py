@@ -165,6 +165,22 @@ def test_configured_init_bounds_hold_on_every_shard_and_their_plant_is_caught(ra
 
 
 @pytest.mark.world_size(2)
+def test_an_init_fn_sets_every_shard_and_one_left_unapplied_is_caught(rank_pool):
+    from types import SimpleNamespace
+
+    from paritykit.checks.sharding.init_bounds import middle
+
+    case = next(c for c in init_bounds_cases(2) if c.constant_init and c.module == "ebc")
+    found = rank_pool.call(init_ranges_on_rank, (case,))
+    assert run_init_bounds_case(case, rank_pool)["values"] > 0
+    # The kernels' own uniform initialisation in the bounds, as if reset_parameters never ran.
+    lo, hi = case.tables[1][3:]
+    found[0] = {**found[0], "t1": (lo, hi, found[0]["t1"][2])}
+    with pytest.raises(ParityError, match=f"table 't1' .*not the {middle(lo, hi)} its init_fn sets"):
+        run_init_bounds_case(case, SimpleNamespace(world_size=2, call=lambda *args, **kwargs: found))
+
+
+@pytest.mark.world_size(2)
 def test_an_ec_without_its_row_wise_codec_is_caught_on_the_fp16_wire(rank_pool):
     from paritykit.checks.sharding.dmp_cases import dmp_setup
 

@@ -4,7 +4,9 @@ rank must lie in [min, max]. The oracle is the configuration's own bounds; they 
 torchrec's default range (uniform in +-sqrt(1 / rows)), so a sharding that drops them shows. Every
 sharding type the module's sharder implements, built on the meta device (DMP materialises it, the
 way a large model is built) and on the CPU; the module built must hold every table on the device it
-was given.
+was given. With ``constant_init`` each table is also given an ``init_fn`` (``nn.init.constant_`` at the
+middle of its bounds): the sharded tables must hold exactly that value, which only the sharded
+module's own ``reset_parameters`` applies (the kernels initialise uniformly in the bounds).
 """
 
 from __future__ import annotations
@@ -28,24 +30,32 @@ class InitBoundsCase:
     tables: tuple[Table, ...]
     plan: dict[str, tuple] = field(hash=False)
     meta: bool = True
+    constant_init: bool = False
 
     def case_id(self) -> str:
         shapes = ", ".join(f"{n}[{r}x{c} init {lo}..{hi}]" for n, r, c, lo, hi in self.tables)
         return (f"init-bounds {self.module} world_size={self.world_size} {'meta' if self.meta else 'cpu'} "
-                f"plan={describe_plan(self.plan)} tables=({shapes})")
+                + ("init_fn=constant_(middle) " if self.constant_init else "") + f"plan={describe_plan(self.plan)} tables=({shapes})")
 
 
-def _build(module: str, tables: tuple[Table, ...], device: str):
+def middle(low: float, high: float) -> float:
+    """The middle of the bounds as the float32 table holds it."""
+    import torch
+
+    return float(torch.tensor((low + high) / 2, dtype=torch.float32))
+
+
+def _build(module: str, tables: tuple[Table, ...], device: str, constant_init: bool):
+    import functools
+
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 
-    if module == "ec":
-        configs = [EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=c, feature_names=[f"f_{n}"], weight_init_min=lo,
-                                   weight_init_max=hi) for n, r, c, lo, hi in tables]
-        return EmbeddingCollection(tables=configs, device=torch.device(device))
-    configs = [EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=c, feature_names=[f"f_{n}"], weight_init_min=lo,
-                                  weight_init_max=hi) for n, r, c, lo, hi in tables]
-    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
+    config_type, module_type = (EmbeddingConfig, EmbeddingCollection) if module == "ec" else (EmbeddingBagConfig, EmbeddingBagCollection)
+    configs = [config_type(name=n, num_embeddings=r, embedding_dim=c, feature_names=[f"f_{n}"], weight_init_min=lo, weight_init_max=hi,
+                           **({"init_fn": functools.partial(torch.nn.init.constant_, val=middle(lo, hi))} if constant_init else {}))
+               for n, r, c, lo, hi in tables]
+    return module_type(tables=configs, device=torch.device(device))
 
 
 def init_ranges_on_rank(case: InitBoundsCase) -> dict[str, tuple[float, float, int]]:
@@ -56,7 +66,7 @@ def init_ranges_on_rank(case: InitBoundsCase) -> dict[str, tuple[float, float, i
     from paritykit.harness.plans import parameter_sharding_generator, normalize_plan_entry
 
     device = "meta" if case.meta else "cpu"
-    model = _build(case.module, case.tables, device)
+    model = _build(case.module, case.tables, device, case.constant_init)
     # The module puts every table on the device it is given (on meta: nothing allocated until DMP).
     elsewhere = sorted(f"{name} on {p.device}" for name, p in model.named_parameters() if p.device.type != device)
     if elsewhere:
@@ -83,6 +93,9 @@ def run_init_bounds_case(case: InitBoundsCase, pool: Any) -> dict[str, Any]:
     for rank, found in enumerate(per_rank):
         for name, (low, high, count) in sorted(found.items()):
             lo, hi = bounds[name]
+            if case.constant_init and (low, high) != (middle(lo, hi), middle(lo, hi)):
+                raise ParityError(f"{case.case_id()}\n  rank {rank}, table {name!r} ({case.plan[name][0]}): initial values span "
+                                  f"[{low:.4g}, {high:.4g}], not the {middle(lo, hi)} its init_fn sets")
             if low < lo or high > hi:
                 raise ParityError(f"{case.case_id()}\n  rank {rank}, table {name!r} ({case.plan[name][0]}): initial values span "
                                   f"[{low:.4g}, {high:.4g}], outside the configured weight_init_min..max [{lo}, {hi}]")
@@ -94,7 +107,8 @@ def run_init_bounds_case(case: InitBoundsCase, pool: Any) -> dict[str, Any]:
 
 
 def init_bounds_cases(world_size: int) -> tuple[InitBoundsCase, ...]:
-    """Every sharding type of each module's sharder, on the meta device and on the CPU."""
+    """Every sharding type of each module's sharder, on the meta device and on the CPU; on the CPU with
+    an init_fn too."""
     from torchrec.distributed.planner.constants import MIN_CW_DIM
 
     last = world_size - 1
@@ -108,4 +122,6 @@ def init_bounds_cases(world_size: int) -> tuple[InitBoundsCase, ...]:
     ec_plan = {"t0": ("table_wise", last), "t1": ("row_wise",), "t2": ("column_wise", (0, last)), "t3": ("data_parallel",),
                "t4": ("table_wise", 0)}
     return (InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan), InitBoundsCase("ec", world_size, ec_tables, ec_plan),
-            InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan, meta=False))
+            InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan, meta=False),
+            InitBoundsCase("ebc", world_size, ebc_tables, ebc_plan, meta=False, constant_init=True),
+            InitBoundsCase("ec", world_size, ec_tables, ec_plan, meta=False, constant_init=True))
