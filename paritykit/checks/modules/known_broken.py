@@ -12,12 +12,36 @@ from paritykit.checks.modules.dense_modules import SWISH, DenseSpec
 from paritykit.checks.modules.pool_cases import (KJT_POOL_EMPTY_LOOKUP, KJT_POOL_EMPTY_UPDATE, KJT_POOL_SHARD_ORDER,
                                                  KJT_POOL_WEIGHTED, PoolSpec, empty_lookup_spec, out_of_shard_order_spec,
                                                  pinned_pool_specs, run_pool_case)
+from paritykit.errors import ParityError
 
 MLP_SWISH_DTYPE = "mlp-swish-layernorm-ignores-dtype"
+MLP_UNKNOWN_ACTIVATION = "mlp-unknown-activation-accepted"
+
+
+def unknown_activation_refused() -> dict[str, Any]:
+    """MLP given an activation name it does not support must refuse it when built, naming it (the
+    docstring lists "relu", "sigmoid" and "swish_layernorm"); a module built with it fails later."""
+    import torch
+    from torchrec.modules.mlp import MLP
+
+    try:
+        mlp = MLP(4, [3], activation="tanh")
+    except Exception as exc:  # the refusal the name deserves, if it names the activation
+        if "tanh" not in str(exc):
+            raise ParityError(f"MLP(activation='tanh') refused without naming the activation: {type(exc).__name__}: {exc}") from exc
+        return {"refused": 1}
+    try:
+        mlp(torch.randn(2, 4))
+    except Exception as exc:
+        raise ParityError(f"MLP(activation='tanh') was built (no refusal of the unsupported name); its forward raised "
+                          f"{type(exc).__name__}: {exc}") from exc
+    raise ParityError("MLP(activation='tanh') was built and ran: the name is not among the documented relu, sigmoid, swish_layernorm")
+
 
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     MLP_SWISH_DTYPE: ("MLP(activation='swish_layernorm', dtype=torch.float64) against its formula",
                       lambda: run_dense_case(DenseSpec("mlp", 3, 4, (4, 5), SWISH, dtype="float64"))),
+    MLP_UNKNOWN_ACTIVATION: ("MLP(activation='tanh'), a name it does not support, refused when built", unknown_activation_refused),
     KJT_POOL_WEIGHTED: ("an unsharded weighted KeyedJaggedTensorPool updated and looked up, against the pool model",
                         lambda: run_pool_case(None, pinned_pool_specs("kjt", 1, weighted=True)[0])),
     KJT_POOL_EMPTY_UPDATE: ("an unsharded KeyedJaggedTensorPool updated with one sample, then with none, then looked up",
