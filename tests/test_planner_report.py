@@ -221,6 +221,15 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
     shard.storage = dataclasses.replace(shard.storage, hbm=0, ddr=math.ceil(storage_floor(option, shard, topo.world_size)) - 1)
     problems = floor_problems(base, device, topo)
     assert len(problems) == 2 and "storage" in problems[1] and "output vectors" in problems[1], problems
+    # A forward estimated in bytes, not milliseconds: beyond the ceiling.
+    from paritykit.checks.planner.estimate_rules import compute_ceiling_problems
+
+    assert compute_ceiling_problems(base, device, topo) == []
+    estimated = shard.perf
+    shard.perf = dataclasses.replace(estimated, fwd_compute=compute_floor(option, shard, topo, device) * topo.ddr_mem_bw)
+    problems = compute_ceiling_problems(base, device, topo)
+    assert len(problems) == 1 and "fwd_compute" in problems[0] and "slowest bandwidth" in problems[0], problems
+    shard.perf = estimated
     heavier = next(o for o in weighted if o.sharding_type == "table_wise").shards[0]
     heavier.perf = dataclasses.replace(heavier.perf, bwd_compute=0.5 * heavier.perf.bwd_compute)
     problems = weighted_problems(base, weighted, device)

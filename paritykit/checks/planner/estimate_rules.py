@@ -31,6 +31,9 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
   data-parallel table its own rank's; and its storage holds at least its weights, those ids and
   those vectors;
+- and at most CEILING_SLACK (1000) times the time to move every byte its step could touch (int64
+  ids with weights, rows and output vectors at float32, 32 columns at least) at the slowest bandwidth
+  the topology declares: any calibration passes, a time in another unit does not;
 - a UVM cache holds the user's load factor of its table's rows in HBM: a caching shard's HBM exceeds
   the same shard's without a cache (UVM) by at least that share of its weights;
 - a weighted feature does everything an unweighted one does and more (its weights read, multiplied
@@ -271,6 +274,37 @@ def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
             if held < least_held:
                 problems.append(f"{where}: storage {held} bytes, less than its weights, its step's {ids:g} ids and "
                                 f"{vectors:g} output vectors ({least_held:.0f} bytes)")
+    return problems
+
+
+# The most a step's compute may take, over the time to move every byte it could touch at the slowest
+# bandwidth the topology declares: three orders of magnitude for any calibration (torchrec's UVM
+# kernels run at a tenth of the host link, its block penalties below 2); a time in the wrong unit is
+# off by seven.
+CEILING_SLACK = 1000
+MAX_ID_BYTES, MIN_LOOKUP_COLUMNS = 16, 32  # an int64 id and its float64 weight; kernels read 32 columns at least
+
+
+def slowest_bandwidth(topology: Any) -> float:
+    return min(b for b in (topology.hbm_mem_bw, topology.ddr_mem_bw, topology.hbm_to_ddr_mem_bw, getattr(topology, "ssd_mem_bw", None)) if b)
+
+
+def compute_ceiling_problems(options: list[Any], device: str, topology: Any) -> list[str]:
+    """Shards whose forward or backward compute exceeds CEILING_SLACK times moving every byte its step
+    could touch (ids with weights, its rows and output vectors at float32, 32 columns at least) at
+    the slowest bandwidth the topology declares."""
+    problems = []
+    bandwidth = slowest_bandwidth(topology)
+    for option in options:
+        for shard in option.shards:
+            ids, vectors = step_traffic(option, shard, topology.world_size)
+            most = CEILING_SLACK * (ids * MAX_ID_BYTES + (ids + vectors) * max(shard.size[1], MIN_LOOKUP_COLUMNS) * OUTPUT_BYTES) / bandwidth
+            for component in ("fwd_compute", "bwd_compute"):
+                found = getattr(shard.perf, component)
+                if found > most:
+                    problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} {found} ms, more than "
+                                    f"{CEILING_SLACK} times moving its step's {ids:g} ids, their rows and {vectors:g} output vectors at the "
+                                    f"slowest bandwidth the topology declares, {bandwidth:g} bytes/ms ({most} ms)")
     return problems
 
 

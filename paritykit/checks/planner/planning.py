@@ -9,9 +9,10 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import (batch_problems, cache_problems, ceiling_problems, columns_problems, degenerate_problems,
-                                                     floor_problems, num_poolings_problems, pooling_factor_problems,
-                                                     rows_problems, single_problems, weighted_problems)
+from paritykit.checks.planner.estimate_rules import (batch_problems, cache_problems, ceiling_problems, columns_problems,
+                                                     compute_ceiling_problems, degenerate_problems, floor_problems,
+                                                     num_poolings_problems, pooling_factor_problems, rows_problems,
+                                                     single_problems, weighted_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
 from paritykit.harness.noise import quiet_planner
 
@@ -159,7 +160,9 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         if case.module == "ebc":
             problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         more_ids, more_bags = enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0))
-        problems += floor_problems(more_ids, device, topology(case, device)) + floor_problems(more_bags, device, topology(case, device))
+        topo = topology(case, device)
+        problems += floor_problems(more_ids, device, topo) + floor_problems(more_bags, device, topo)
+        problems += sum((compute_ceiling_problems(options, device, topo) for options in (base, more_ids, more_bags)), [])
         problems += pooling_factor_problems(base, more_ids, device) + num_poolings_problems(base, more_bags, device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
                                   case.world_size)
