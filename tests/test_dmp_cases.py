@@ -55,7 +55,7 @@ def test_each_known_broken_dmp_configuration_fails_inside_torchrec_and_is_listed
     assert [issue.standing(installed_versions()) for issue in listed] == ["applies"]
 
 
-def test_tables_batched_into_one_kernel_under_one_tbe_per_table_are_caught():
+def test_lookups_holding_other_kernels_than_asked_are_caught():
     from types import SimpleNamespace
 
     from paritykit.checks.sharding.dmp_cases import kernels_problem
@@ -65,8 +65,13 @@ def test_tables_batched_into_one_kernel_under_one_tbe_per_table_are_caught():
     setup = SimpleNamespace(probes=(kernels_and_tables,))
     assert kernels_problem(case, setup, SimpleNamespace(probes=[[[(2, 2), (1, 1)]], [[(3, 3)]]])) is None
     found = kernels_problem(case, setup, SimpleNamespace(probes=[[[(2, 2)]], [[(1, 3)]]]))
-    assert found == "rank 1: use_one_tbe_per_table, yet lookups batch 3 tables in 1 kernel(s)", found
+    assert found == "rank 1: use_one_tbe_per_table, yet lookups hold 3 tables in 1 kernel(s)", found
     assert "no batched lookup" in kernels_problem(case, setup, SimpleNamespace(probes=[[[]], [[(1, 1)]]]))
+    # By default the tables of one configuration share a kernel.
+    grouped = next(case for case in CASES if case.name == "grouped-tables")
+    assert kernels_problem(grouped, setup, SimpleNamespace(probes=[[[(1, 2)]], [[(1, 1)]]])) is None
+    found = kernels_problem(grouped, setup, SimpleNamespace(probes=[[[(1, 2)]], [[(2, 2)]]]))
+    assert found == "rank 1: tables of one data type, pooling and kernel, yet lookups hold 2 tables in 2 kernel(s)", found
 
 
 def _case(**options) -> DmpCase:

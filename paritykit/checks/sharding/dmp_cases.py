@@ -127,7 +127,7 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     setup = dmp_setup(case, pool.device)
     if case.model == "ebc-under-dense":
         setup = dataclasses.replace(setup, probes=setup.probes + (unsharded_buffers,))
-    if case.options.one_tbe_per_table:
+    if case.name in COUNTED:
         setup = dataclasses.replace(setup, probes=setup.probes + (kernels_and_tables,))
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
@@ -145,18 +145,26 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
     return {**metrics, "plan_shape": f"dmp/{case.name}"}
 
 
+# The cases whose lookups' kernels are counted: one kernel per table, or (torchrec's default, group_tables'
+# docstring) one per data type, pooling and kernel, which the "grouped-tables" case's tables all share.
+COUNTED = ("one-tbe-per-table", "grouped-tables")
+
+
 def kernels_problem(case: DmpCase, setup: TrainingSetup, record: Any) -> str | None:
-    """With one TBE per table, a lookup on a rank that batches tables into fewer kernels than tables."""
-    if not case.options.one_tbe_per_table:
+    """A lookup on a rank holding other than one kernel per table (one_tbe_per_table) or, by default,
+    one kernel for its tables of one data type, pooling and kernel."""
+    if case.name not in COUNTED:
         return None
     probe = setup.probes.index(kernels_and_tables)
     for rank, probes in enumerate(record.probes):
         counts = probes[probe]
         if not counts:
-            return f"rank {rank}: no batched lookup found to count its kernels (one_tbe_per_table cannot be shown)"
-        shared = [(kernels, tables) for kernels, tables in counts if kernels != tables]
-        if shared:
-            return f"rank {rank}: use_one_tbe_per_table, yet lookups batch {', '.join(f'{t} tables in {k} kernel(s)' for k, t in shared)}"
+            return f"rank {rank}: no batched lookup found to count its kernels"
+        per_table = case.options.one_tbe_per_table
+        wrong = [(kernels, tables) for kernels, tables in counts if kernels != (tables if per_table else min(tables, 1))]
+        if wrong:
+            said = "use_one_tbe_per_table, yet" if per_table else "tables of one data type, pooling and kernel, yet"
+            return f"rank {rank}: {said} lookups hold {', '.join(f'{t} tables in {k} kernel(s)' for k, t in wrong)}"
     return None
 
 
@@ -274,14 +282,15 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
 
 
 def _lookup_options(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
-    """How a rank looks its tables up. torchrec's use_one_tbe_per_table: several kernels, their outputs
-    joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal). An EC
+    """How a rank looks its tables up. By default one kernel for its tables of one configuration;
+    torchrec's use_one_tbe_per_table: several kernels, their outputs joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal). An EC
     whose outputs are selected by torch.gather, overridden for its row-wise tables (GATHER_SELECT)."""
     last = world_size - 1
     one_tbe = DmpOptions(one_tbe_per_table=True)
     row_wise = {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}
     gathered_tw = {"t0": ("column_wise", (0, last, 0)), "t1": ("table_wise", 0), "t2": ("table_wise", last)}
     return (DmpCase("one-tbe-per-table", _ebc(world_size, row_wise, 51, "adagrad"), one_tbe),
+            DmpCase("grouped-tables", _ebc(world_size, row_wise, 56, "adagrad"), DmpOptions()),
             DmpCase("one-tbe-per-table", _ebc(world_size, {**mixed, "t0": ("table_wise", 0), "t1": ("table_wise", 0)}, 52), one_tbe),
             DmpCase("one-tbe-per-table", dataclasses.replace(ec, seed=53), one_tbe),
             DmpCase("gather-select", dataclasses.replace(ec, seed=54), DmpOptions(), model="ec-gather-select"),
