@@ -211,3 +211,20 @@ def test_the_dense_equivalent_keeps_the_case_but_its_batches():
     dense = dense_equivalent(case)
     assert dataclasses.replace(dense, steps=case.steps) == case
     assert all(batch.inverse is None for step in dense.steps for batch in step)
+
+
+def test_the_delta_of_two_plans_holds_what_moved_and_a_wrong_one_is_caught(monkeypatch):
+    from torchrec.distributed.sharding import dynamic_sharding
+
+    from paritykit.checks.sharding.plan_delta_cases import MOVED, run_plan_delta_case
+
+    assert run_plan_delta_case() == {"plan_shape": "plan-helpers/delta", "moved": len(MOVED)}
+    real = dynamic_sharding.output_sharding_plan_delta_single
+
+    def every_table(old_plan, new_plan, return_data_volume=False):  # a delta that keeps the tables that stayed too
+        volume, _ = real(old_plan, new_plan, return_data_volume)
+        return volume, new_plan
+
+    monkeypatch.setattr(dynamic_sharding, "output_sharding_plan_delta_single", every_table)
+    with pytest.raises(ParityError, match="expected those whose ranks moved"):
+        run_plan_delta_case()

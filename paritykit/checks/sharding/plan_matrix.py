@@ -1,7 +1,8 @@
 """The sharding check's block about how a plan and a table's configuration reach the shards, all
 against paritykit's own oracles: torchrec's ``sharding_plan`` helpers as users call them against
 paritykit's shard layout (drawn in the caller, no ranks: cheap, so five times the examples), the
-helpers' refusals (an unknown sharding type, columns the ranks do not divide), and configured
+helpers' refusals (an unknown sharding type, columns the ranks do not divide), the delta of two plans
+(plan_delta_cases.py), and configured
 weight-init bounds on never-loaded shards of every sharding type (on the largest world size of the
 run)."""
 
@@ -12,6 +13,7 @@ import dataclasses
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case, run_property
 from paritykit.checks.sharding.init_bounds import init_bounds_cases, run_init_bounds_case
+from paritykit.checks.sharding.plan_delta_cases import run_plan_delta_case
 from paritykit.checks.sharding.plan_helper_cases import (MISMATCHED_PLANS, UNEVEN_COLUMNS, UNKNOWN_SHARDING_TYPES,
                                                          narrow_column_shards_case, pinned_plan_helper_cases, plan_helper_cases,
                                                          run_mismatched_plans_case, run_plan_helper_case, run_uneven_columns_case,
@@ -34,6 +36,8 @@ def run_plan_matrix(check: str, config: GateConfig, pools: PoolProvider) -> list
                             lambda: run_uneven_columns_case(UNEVEN_COLUMNS)))
     results.append(run_case(check, f"plan-helpers plans for tables the module does not hold {list(MISMATCHED_PLANS)}", config,
                             lambda: run_mismatched_plans_case(MISMATCHED_PLANS)))
+    results.append(run_case(check, "plan-helpers the delta of two plans (what moved, its volume, plans of other tables refused)",
+                            config, run_plan_delta_case))
     # Column shards whose width is not a multiple of 4 collapse into one (known issue); kept out of the draws.
     narrow = narrow_column_shards_case()
     results.append(run_known_broken_case(check, f"known-broken {KNOWN_BROKEN[0]} {narrow.case_id()}", config,
