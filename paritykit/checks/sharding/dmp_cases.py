@@ -283,8 +283,9 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
 
 def _lookup_options(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
     """How a rank looks its tables up. By default one kernel for its tables of one configuration;
-    torchrec's use_one_tbe_per_table: several kernels, their outputs joined (a variable batch there is the known issue ebc-variable-batch-mixed-pooling's refusal). An EC
-    whose outputs are selected by torch.gather, overridden for its row-wise tables (GATHER_SELECT)."""
+    torchrec's use_one_tbe_per_table: several kernels, their outputs joined (a variable batch there is
+    the known issue ebc-variable-batch-mixed-pooling's refusal). An EC whose outputs are selected by
+    torch.gather, overridden for its row-wise tables (GATHER_SELECT)."""
     last = world_size - 1
     one_tbe = DmpOptions(one_tbe_per_table=True)
     row_wise = {"t0": ("row_wise",), "t1": ("row_wise",), "t2": ("table_wise", 0)}
