@@ -99,6 +99,12 @@ class ParityError(AssertionError):
         return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
 
 
+def expect(condition: bool, what: str) -> None:
+    """A check's one expectation: ParityError saying ``what`` unless ``condition`` holds."""
+    if not condition:
+        raise ParityError(what)
+
+
 def _rebuilt(cls: type, args: tuple, state: dict) -> BaseException:
     exc = cls(*args)
     exc.__dict__.update(state)

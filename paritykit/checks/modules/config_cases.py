@@ -10,7 +10,8 @@
   a table given no feature names is looked up by its own name; a table's ``init_fn`` sets its
   weight at construction and again at ``reset_parameters`` (a module on the meta device keeps none);
 - a virtual table's eviction policy left without an inference setting takes the training one (one
-  collecting feature scores itself starts from an empty mapping), and its metadata header is 16 bytes (id, timestamp, count) in elements of the table's type.
+  collecting feature scores itself starts from an empty mapping), and its metadata header is 16 bytes
+  (id, timestamp, count) in elements of the table's type.
 """
 
 from __future__ import annotations
@@ -19,13 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from paritykit.errors import ParityError
-
-
-def _expect(condition: bool, what: str) -> None:
-    if not condition:
-        raise ParityError(what)
-
+from paritykit.errors import expect
 
 def _torch_bits(dtype: torch.dtype) -> int | None:
     """torch's width of a dtype in bits; None for the quantized ones (iinfo gives a packed one's byte)."""
@@ -47,23 +42,23 @@ def data_types_convert() -> dict[str, Any]:
     for data_type in DataType:
         dtype = configs.data_type_to_dtype(data_type)
         back = configs.dtype_to_data_type(dtype)
-        _expect(back == data_type, f"data_type_to_dtype({data_type}) = {dtype}, which dtype_to_data_type takes back to {back}")
+        expect(back == data_type, f"data_type_to_dtype({data_type}) = {dtype}, which dtype_to_data_type takes back to {back}")
         bits = configs.DATA_TYPE_NUM_BITS.get(data_type)
         if bits is None:
             continue  # an id type (INT32, INT64): no table holds it, no width listed
         torch_bits = _torch_bits(dtype)
-        _expect(torch_bits in (None, bits), f"DATA_TYPE_NUM_BITS[{data_type}] = {bits}, torch's {dtype} is {torch_bits} bits")
+        expect(torch_bits in (None, bits), f"DATA_TYPE_NUM_BITS[{data_type}] = {bits}, torch's {dtype} is {torch_bits} bits")
         sparse = configs.data_type_to_sparse_type(data_type)
-        _expect(sparse.bit_rate() == bits, f"data_type_to_sparse_type({data_type}) = {sparse}, {sparse.bit_rate()} bits, not {bits}")
-        _expect(sparse.as_dtype().is_floating_point == dtype.is_floating_point,
+        expect(sparse.bit_rate() == bits, f"data_type_to_sparse_type({data_type}) = {sparse}, {sparse.bit_rate()} bits, not {bits}")
+        expect(sparse.as_dtype().is_floating_point == dtype.is_floating_point,
                 f"data_type_to_sparse_type({data_type}) = {sparse} ({sparse.as_dtype()}), of another kind than {dtype}")
         widths += 1
     for alias, data_type in ((torch.half, DataType.FP16), (torch.long, DataType.INT64), (torch.int, DataType.INT32),
                              (torch.qint8, DataType.INT8), (torch.quint8, DataType.INT8)):
         found = configs.dtype_to_data_type(alias)
-        _expect(found == data_type, f"dtype_to_data_type({alias}) = {found}, expected {data_type} (the same width and kind)")
+        expect(found == data_type, f"dtype_to_data_type({alias}) = {found}, expected {data_type} (the same width and kind)")
     for foreign in (torch.bool, torch.complex64, torch.float64):
-        _expect(_refuses(lambda foreign=foreign: configs.dtype_to_data_type(foreign)) is not None,
+        expect(_refuses(lambda foreign=foreign: configs.dtype_to_data_type(foreign)) is not None,
                 f"dtype_to_data_type({foreign}) gave a table DataType; no table holds {foreign}")
     return {"data_types": len(DataType), "widths": widths}
 
@@ -93,29 +88,24 @@ def poolings_convert() -> dict[str, Any]:
         for sharding in (None, *ShardingType):
             mode = configs.pooling_type_to_pooling_mode(pooling, sharding)
             expected = PoolingMode.SUM if pooling == PoolingType.MEAN and sharding in divided_after else PoolingMode[pooling.name]
-            _expect(mode == expected, f"pooling_type_to_pooling_mode({pooling}, {sharding}) = {_named(mode)}, expected {_named(expected)}")
+            expect(mode == expected, f"pooling_type_to_pooling_mode({pooling}, {sharding}) = {_named(mode)}, expected {_named(expected)}")
             pairs += 1
         if pooling == PoolingType.NONE:
-            _expect(_refuses(lambda: configs.pooling_type_to_str(pooling)) is not None,
+            expect(_refuses(lambda: configs.pooling_type_to_str(pooling)) is not None,
                     "pooling_type_to_str(PoolingType.NONE) named a pooling; nn.EmbeddingBag has none for it")
             continue
         name = configs.pooling_type_to_str(pooling)
-        _expect(name == pooling.name.lower(), f"pooling_type_to_str({pooling}) = {name!r}, nn.EmbeddingBag calls it {pooling.name.lower()!r}")
+        expect(name == pooling.name.lower(), f"pooling_type_to_str({pooling}) = {name!r}, nn.EmbeddingBag calls it {pooling.name.lower()!r}")
     return {"pairs": pairs}
 
 
-def _bag(name: str, dim: int = 4, features: list[str] | None = None, init_fn: Any = None) -> Any:
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+def _config(kind: str, name: str, dim: int = 4, features: list[str] | None = None, init_fn: Any = None) -> Any:
+    """A table of 5 rows for an EBC ("ebc": EmbeddingBagConfig) or an EC (EmbeddingConfig)."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-    return EmbeddingBagConfig(name=name, num_embeddings=5, embedding_dim=dim,
-                              feature_names=[f"f_{name}"] if features is None else features, init_fn=init_fn)
-
-
-def _table(name: str, dim: int = 4, features: list[str] | None = None, init_fn: Any = None) -> Any:
-    from torchrec.modules.embedding_configs import EmbeddingConfig
-
-    return EmbeddingConfig(name=name, num_embeddings=5, embedding_dim=dim,
-                           feature_names=[f"f_{name}"] if features is None else features, init_fn=init_fn)
+    make = EmbeddingBagConfig if kind == "ebc" else EmbeddingConfig
+    return make(name=name, num_embeddings=5, embedding_dim=dim, feature_names=[f"f_{name}"] if features is None else features,
+                init_fn=init_fn)
 
 
 def _module(kind: str, tables: list[Any], device: str = "cpu") -> Any:
@@ -126,11 +116,11 @@ def _module(kind: str, tables: list[Any], device: str = "cpu") -> Any:
 
 
 def construction_refusals() -> dict[str, Any]:
-    for kind, config in (("ebc", _bag), ("ec", _table)):
-        words = _refuses(lambda: _module(kind, [config("t_dup"), config("t_other"), config("t_dup")]))
-        _expect(words is not None and "t_dup" in words, f"{kind} with two tables named 't_dup': {words or 'built'}")
-    words = _refuses(lambda: _module("ec", [_table("t_a", 4), _table("t_b", 8)]))
-    _expect(words is not None and all(part in words for part in ("t_b", "8", "4")),
+    for kind in ("ebc", "ec"):
+        words = _refuses(lambda: _module(kind, [_config(kind, "t_dup"), _config(kind, "t_other"), _config(kind, "t_dup")]))
+        expect(words is not None and "t_dup" in words, f"{kind} with two tables named 't_dup': {words or 'built'}")
+    words = _refuses(lambda: _module("ec", [_config("ec", "t_a", 4), _config("ec", "t_b", 8)]))
+    expect(words is not None and all(part in words for part in ("t_b", "8", "4")),
             f"ec with tables of 4 and 8 columns: {words or 'built'}; expected a refusal naming 't_b' and both widths")
     return {"refusals": 3}
 
@@ -146,21 +136,21 @@ def _weights(module: Any) -> dict[str, torch.Tensor]:
 
 
 def init_fn_and_reset() -> dict[str, Any]:
-    for kind, config in (("ebc", _bag), ("ec", _table)):
-        module = _module(kind, [config("t_init", init_fn=_filled), config("t_plain")])
+    for kind in ("ebc", "ec"):
+        module = _module(kind, [_config(kind, "t_init", init_fn=_filled), _config(kind, "t_plain")])
         expected = torch.empty(5, 4)
         _filled(expected)
         for moment in ("at construction", "after reset_parameters"):
             initialized = {name: w for name, w in _weights(module).items() if ".t_init." in name}
-            _expect(len(initialized) == 1 and all(torch.equal(w, expected) for w in initialized.values()),
+            expect(len(initialized) == 1 and all(torch.equal(w, expected) for w in initialized.values()),
                     f"{kind} table 't_init' {moment}: its weight is not what its init_fn sets ({list(initialized)})")
             with torch.no_grad():
                 for p in module.parameters():
                     p.fill_(-1.0)
             module.reset_parameters()
-        meta = _module(kind, [config("t_init", init_fn=_filled)], device="meta")
+        meta = _module(kind, [_config(kind, "t_init", init_fn=_filled)], device="meta")
         meta.reset_parameters()
-        _expect(all(p.is_meta for p in meta.parameters()), f"{kind} on the meta device holds data after reset_parameters")
+        expect(all(p.is_meta for p in meta.parameters()), f"{kind} on the meta device holds data after reset_parameters")
     return {"modules": 2}
 
 
@@ -168,15 +158,15 @@ def table_name_as_feature() -> dict[str, Any]:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     ids, lengths = torch.tensor([3, 0, 4]), torch.tensor([2, 1])
-    for kind, config in (("ebc", _bag), ("ec", _table)):
-        module = _module(kind, [config("t_named", features=[])])
-        weight = dict(module.named_parameters())[next(iter(dict(module.named_parameters())))]
+    for kind in ("ebc", "ec"):
+        module = _module(kind, [_config(kind, "t_named", features=[])])
+        weight = next(module.parameters())  # the one table's
         out = module(KeyedJaggedTensor(keys=["t_named"], values=ids, lengths=lengths))
         if kind == "ebc":
             found, expected = out["t_named"], torch.stack([weight[3] + weight[0], weight[4]])
         else:
             found, expected = out["t_named"].values(), weight[ids]
-        _expect(torch.equal(found.detach(), expected.detach()),
+        expect(torch.equal(found.detach(), expected.detach()),
                 f"{kind} table 't_named' given no feature names, looked up by its name: {found.tolist()}, expected {expected.tolist()}")
     return {"modules": 2}
 
@@ -206,14 +196,14 @@ def eviction_defaults() -> dict[str, Any]:
             if not {training, inference} <= fields:
                 continue
             policy = policy_type(**{training: 7})
-            _expect(getattr(policy, inference) == 7, f"{name}({training}=7).{inference} = {getattr(policy, inference)!r}, expected 7 (the training setting)")
+            expect(getattr(policy, inference) == 7, f"{name}({training}=7).{inference} = {getattr(policy, inference)!r}, expected 7 (the training setting)")
             kept = policy_type(**{training: 7, inference: 3})
-            _expect(getattr(kept, inference) == 3, f"{name}({training}=7, {inference}=3).{inference} = {getattr(kept, inference)!r}, expected 3")
+            expect(getattr(kept, inference) == 3, f"{name}({training}=7, {inference}=3).{inference} = {getattr(kept, inference)!r}, expected 3")
             checked += 1
     scored = getattr(configs, "FeatureScoreBasedEvictionPolicy", None)
     if scored is not None and {"enable_auto_feature_score_collection", "feature_score_mapping"} <= set(scored.__dataclass_fields__):
         collecting = scored(enable_auto_feature_score_collection=True)
-        _expect(collecting.feature_score_mapping == {}, "FeatureScoreBasedEvictionPolicy collecting feature scores itself "
+        expect(collecting.feature_score_mapping == {}, "FeatureScoreBasedEvictionPolicy collecting feature scores itself "
                 f"holds {collecting.feature_score_mapping!r}, not an empty mapping to collect them into")
         checked += 1
     header = getattr(configs, "VirtualTableEvictionPolicy", None)
@@ -222,11 +212,11 @@ def eviction_defaults() -> dict[str, Any]:
             policy = header()
             policy.init_metaheader_config(data_type, dim)
             elements = 16 // torch.empty(0, dtype=configs.data_type_to_dtype(data_type)).element_size()
-            _expect((policy.get_meta_header_len(), policy.get_embedding_dim()) == (elements, dim),
+            expect((policy.get_meta_header_len(), policy.get_embedding_dim()) == (elements, dim),
                     f"init_metaheader_config({data_type}, {dim}): header {policy.get_meta_header_len()} elements, "
                     f"dim {policy.get_embedding_dim()}; expected {elements} (16 bytes) and {dim}")
             policy.init_metaheader_config(DataType.INT8, dim + 1)  # once set, kept
-            _expect(policy.get_embedding_dim() == dim, f"init_metaheader_config set the header of an initialized policy again")
+            expect(policy.get_embedding_dim() == dim, "init_metaheader_config set the header of an initialized policy again")
             checked += 1
     return {"settings": checked}
 

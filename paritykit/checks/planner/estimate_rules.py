@@ -328,7 +328,8 @@ def cache_problems(options: list[Any], device: str, load_factor: float) -> list[
 
 
 def weighted_problems(unweighted: list[Any], weighted: list[Any], device: str) -> list[str]:
-    """Components or storage estimated less for the tables weighted than unweighted."""
+    """Perf components estimated less for the tables weighted than unweighted (the storage estimator
+    does not count a weighted feature's weights: no rule on storage here)."""
     return _ratio_problems(unweighted, weighted, device, "the features weighted",
                            lambda option, component, before: (before, math.inf))
 

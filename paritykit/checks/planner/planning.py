@@ -155,14 +155,13 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         # Two ids per bag and one bag per sample, then each of them doubled (at least one id per bag:
         # below that a pooled table's output shrinks with its empty bags).
         base = enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0))
-        problems += ceiling_problems(base, device, case.world_size) + floor_problems(base, device, topology(case, device))
-        problems += cache_problems(base, device, CACHE_LOAD_FACTOR)
-        if case.module == "ebc":
-            problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         more_ids, more_bags = enumerated(case, device, BATCH_SIZE, False, (4.0, 1.0)), enumerated(case, device, BATCH_SIZE, False, (2.0, 2.0))
         topo = topology(case, device)
-        problems += floor_problems(more_ids, device, topo) + floor_problems(more_bags, device, topo)
-        problems += sum((compute_ceiling_problems(options, device, topo) for options in (base, more_ids, more_bags)), [])
+        for options in (base, more_ids, more_bags):
+            problems += floor_problems(options, device, topo) + compute_ceiling_problems(options, device, topo)
+        problems += ceiling_problems(base, device, case.world_size) + cache_problems(base, device, CACHE_LOAD_FACTOR)
+        if case.module == "ebc":
+            problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         problems += pooling_factor_problems(base, more_ids, device) + num_poolings_problems(base, more_bags, device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
                                   case.world_size)

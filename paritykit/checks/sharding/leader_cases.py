@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from paritykit.errors import HarnessError, ParityError
+from paritykit.errors import HarnessError, expect
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def run_leader_case_on_rank(case: LeaderCase) -> dict[str, Any]:
     }
     if hasattr(cu, "create_on_rank_and_share_result"):
         shared = cu.create_on_rank_and_share_result(pg, case.leader, lambda scale: _created_on(rank, scale),
-                                                    lambda made: [made[0], made[1], made[2]], tuple, 0.5)
+                                                    list, tuple, 0.5)
         # Every rank holds its result (the leader's keeps the memory alive) until all have read it; then the
         # leader writes to its first tensor, which every rank must see: the memory is one, not a copy.
         dist.barrier()
@@ -77,11 +77,6 @@ def run_leader_case_on_rank(case: LeaderCase) -> dict[str, Any]:
     return found
 
 
-def _expect(condition: bool, what: str) -> None:
-    if not condition:
-        raise ParityError(what)
-
-
 def run_leader_case(case: LeaderCase, pool: Any) -> dict[str, Any]:
     if pool.world_size != case.world_size:
         raise HarnessError(f"case needs world size {case.world_size}, the pool has {pool.world_size}")
@@ -89,21 +84,21 @@ def run_leader_case(case: LeaderCase, pool: Any) -> dict[str, Any]:
     per_rank = pool.call(run_leader_case_on_rank, (case,), case=case.case_id())
     for rank, found in enumerate(per_rank):
         where = f"{case.case_id()}: rank {rank}"
-        _expect(found["is_leader"] == (rank == leader), f"{where}: is_leader(pg, {leader}) = {found['is_leader']}")
-        _expect(found["is_leader_default"] == (rank == 0), f"{where}: is_leader(pg) = {found['is_leader_default']} (the leader defaults to rank 0)")
-        _expect(found["is_leader_no_group"] == [True, False], f"{where}: is_leader(None, 0/1) = {found['is_leader_no_group']} (no group: one process, rank 0)")
-        _expect(found["invoked"] == (leader, "abab"), f"{where}: invoke_on_rank_and_broadcast_result returned {found['invoked']!r}, "
+        expect(found["is_leader"] == (rank == leader), f"{where}: is_leader(pg, {leader}) = {found['is_leader']}")
+        expect(found["is_leader_default"] == (rank == 0), f"{where}: is_leader(pg) = {found['is_leader_default']} (the leader defaults to rank 0)")
+        expect(found["is_leader_no_group"] == [True, False], f"{where}: is_leader(None, 0/1) = {found['is_leader_no_group']} (no group: one process, rank 0)")
+        expect(found["invoked"] == (leader, "abab"), f"{where}: invoke_on_rank_and_broadcast_result returned {found['invoked']!r}, "
                                                        f"expected the leader's (rank {leader}) result {(leader, 'abab')!r}")
-        _expect(found["wrapped"] == (leader, "ccc"), f"{where}: run_on_leader's wrapped call returned {found['wrapped']!r}, expected {(leader, 'ccc')!r}")
+        expect(found["wrapped"] == (leader, "ccc"), f"{where}: run_on_leader's wrapped call returned {found['wrapped']!r}, expected {(leader, 'ccc')!r}")
         expected_calls = ["ab", "c"] if rank == leader else []
-        _expect(found["calls"] == expected_calls, f"{where}: the function ran for {found['calls']}, expected {expected_calls} (only on the leader)")
+        expect(found["calls"] == expected_calls, f"{where}: the function ran for {found['calls']}, expected {expected_calls} (only on the leader)")
         if "shared" in found:
             want = _created_on(leader, 0.5)
             same = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(found["shared"], want))
-            _expect(len(found["shared"]) == len(want) and same,
+            expect(len(found["shared"]) == len(want) and same,
                     f"{where}: create_on_rank_and_share_result gave {found['shared']}, expected the leader's {list(want)}")
             written = want[0] + SHARED_WRITE
-            _expect(torch.equal(found["shared_after_write"], written),
+            expect(torch.equal(found["shared_after_write"], written),
                     f"{where}: after the leader added {SHARED_WRITE} to its shared tensor this rank reads {found['shared_after_write'].tolist()}, "
                     f"expected {written.tolist()} (shared memory, not a copy)")
     return {"ranks": case.world_size, "leader": leader, "calls": 2 + ("shared" in per_rank[0])}
