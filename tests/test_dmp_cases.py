@@ -40,6 +40,7 @@ def test_every_option_and_model_is_pinned():
     assert any(o.hyper_parameters for o in options) and any(o.qcomm for o in options)
     assert any(o.meta_model and not o.init_data_parallel and o.dense_from_bare for o in options)
     assert any(case.reshard_to for case in CASES) and any(o.one_tbe_per_table for o in options)
+    assert {case.base.module for case in CASES if case.options.debug_checks} == {"ebc", "ec"}
     assert {case.model for case in CASES} == {"module", "ebc-under-dense", "embedding-bag", "ec-gather-select"}
     assert {case.base.module for case in CASES if case.options.sync_collectives} == {"ebc", "ec"}
 

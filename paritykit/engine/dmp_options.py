@@ -12,6 +12,7 @@ of torchrec's collectives that must not change the numbers the unsharded referen
     DmpOptions(reshard=Reshard(before_step=2, plan=new_plan))   # DMP.reshard to another placement mid-run
     DmpOptions(ec_index_dedup=True)                   # set_ec_index_dedup (fbgemm's CPU build cannot run it)
     DmpOptions(plan_by_dmp=True)                      # DMP given no plan: it plans itself (collective_plan)
+    DmpOptions(debug_checks=True)                     # TORCHREC_VALIDATE_COLLECTIVES=1, TORCHREC_OVERFLOW_DEBUG=1
 
 Everything here is resolved in the caller (``check``: a HarnessError before any rank runs) and pickles to
 the ranks. The rank side (``on_rank``, ``sharded``, ``before_step``, ``after_step``) is called by
@@ -22,6 +23,7 @@ torchrec's process-wide switches are set for one call and restored after it: a r
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -79,6 +81,10 @@ class DmpOptions:
     # The EBC/EC sharders given torchrec's use_one_tbe_per_table fused param: each table its own TBE
     # (kernel) where torchrec would group a rank's tables into one, so a rank's lookups are merged.
     one_tbe_per_table: bool = False
+    # torchrec's runtime debug checks, as their environment variables turn them on: every splits
+    # all-to-all carries a tag of what it exchanges, checked on arrival (TORCHREC_VALIDATE_COLLECTIVES),
+    # and the splits are checked for int32 overflow (TORCHREC_OVERFLOW_DEBUG). Neither may change a number.
+    debug_checks: bool = False
 
     def check(self, steps: int, embedding_optimizer: str) -> None:
         """HarnessError naming the option at fault, before any rank runs."""
@@ -96,6 +102,11 @@ class DmpOptions:
                 raise HarnessError(f"hyper_parameters[{step}]: give 'lr' and at most {HYPER_PARAMETERS}; got {sorted(entry)}")
             if "eps" in entry and embedding_optimizer == "sgd":
                 raise HarnessError(f"hyper_parameters[{step}]: sgd has no eps")
+        if self.debug_checks:
+            from torchrec.distributed import collective_utils
+
+            if not hasattr(collective_utils, "validate_collectives_enabled"):
+                raise HarnessError("debug_checks: this torchrec has no collective validation (TORCHREC_VALIDATE_COLLECTIVES)")
         if self.one_tbe_per_table:
             from torchrec.distributed import embedding_sharding
 
@@ -110,7 +121,7 @@ class DmpOptions:
 
     def describe(self) -> str:
         parts = [name for name in ("sync_collectives", "meta_model", "copy", "dense_from_bare", "ec_index_dedup", "plan_by_dmp",
-                                   "one_tbe_per_table")
+                                   "one_tbe_per_table", "debug_checks")
                  if getattr(self, name)]
         parts += [] if self.gradient_division is None else [f"gradient_division={self.gradient_division}"]
         parts += [] if self.init_data_parallel else ["init_data_parallel=False"]
@@ -136,6 +147,8 @@ class DmpOptions:
                     stack.enter_context(switch())
                 else:
                     comm_ops.set_use_sync_collectives(True)
+            if self.debug_checks:
+                stack.enter_context(torchrec_debug_checks())
             yield from self._switched(saved)
 
     def _switched(self, saved: tuple[bool, bool, bool]) -> Iterator[None]:
@@ -170,6 +183,8 @@ class DmpOptions:
                                        init_data_parallel=self.init_data_parallel, init_parameters=True)
         if self.plan_by_dmp:
             _require_same_plan(dmp.plan, sharding_plan)
+        if self.debug_checks:
+            _require_validation_on()
         if not self.init_data_parallel:
             dmp.init_data_parallel()
             dmp.init_data_parallel()  # documented as safe to call again
@@ -229,6 +244,45 @@ class DmpOptions:
             return
         for group in embedding_optimizer.param_groups:
             group.update(self.hyper_parameters[step])
+
+
+VALIDATE_COLLECTIVES = "TORCHREC_VALIDATE_COLLECTIVES"
+
+
+@contextlib.contextmanager
+def torchrec_debug_checks() -> Iterator[None]:
+    """torchrec's debug checks for one call, as a fresh process with TORCHREC_VALIDATE_COLLECTIVES=1 and
+    TORCHREC_OVERFLOW_DEBUG=1 sees them. DMP's constructor reads the first once per process (and the
+    pool's processes have built DMPs before); dist_data reads the second at its import."""
+    from torchrec.distributed import collective_utils, dist_data
+
+    saved = (os.environ.get(VALIDATE_COLLECTIVES), collective_utils._INITIALIZED, collective_utils._USE_COLLECTIVE_VALIDATION,
+             getattr(dist_data, "_TORCHREC_OVERFLOW_DEBUG", None))
+    os.environ[VALIDATE_COLLECTIVES] = "1"
+    collective_utils._INITIALIZED = False
+    if saved[3] is not None:
+        dist_data._TORCHREC_OVERFLOW_DEBUG = True
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop(VALIDATE_COLLECTIVES, None)
+        else:
+            os.environ[VALIDATE_COLLECTIVES] = saved[0]
+        collective_utils._INITIALIZED, collective_utils._USE_COLLECTIVE_VALIDATION = saved[1], saved[2]
+        if saved[3] is not None:
+            dist_data._TORCHREC_OVERFLOW_DEBUG = saved[3]
+
+
+def _require_validation_on() -> None:
+    """DistributedModelParallel's constructor turns collective validation on where the variable says so."""
+    from torchrec.distributed import collective_utils
+
+    from paritykit.errors import ParityError
+
+    if not collective_utils.validate_collectives_enabled():
+        raise ParityError(f"{VALIDATE_COLLECTIVES}=1, yet DistributedModelParallel left collective validation off "
+                          "(collective_utils.validate_collectives_enabled() is False after its constructor)")
 
 
 def _on_meta(model: nn.Module) -> nn.Module:

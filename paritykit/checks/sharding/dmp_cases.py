@@ -13,6 +13,8 @@ one another way. Each option must leave the numbers where the unsharded model pu
   (``init_data_parallel=False``), the dense optimizer over ``bare_named_parameters``;
 - ``DMP.reshard`` to another placement between two steps (tables and optimizer state move);
 - a plain ``nn.EmbeddingBag`` sharded by torchrec's ``EmbeddingBagSharder``, against torch's own module;
+- torchrec's debug checks (``TORCHREC_VALIDATE_COLLECTIVES=1``: each splits all-to-all carries a tag of
+  what it exchanges, stripped on arrival; ``TORCHREC_OVERFLOW_DEBUG=1``);
 - DMP given no plan, as the tutorial builds it: it plans itself (``collective_plan``: rank 0 plans, the
   plan is broadcast), which must be the plan ``EmbeddingShardingPlanner.plan`` makes in the caller for
   the same topology and sharders, and must train like the unsharded model.
@@ -275,6 +277,7 @@ def dmp_cases(world_size: int) -> tuple[DmpCase, ...]:
                 DmpOptions(plan_by_dmp=True),
                 model="ebc-under-dense"),
         *_lookup_options(world_size, mixed, ec),
+        *_debug_checks(world_size, mixed, grid, ec),
         # torchrec's EmbeddingBagSharder on a plain nn.EmbeddingBag (row-wise: fused and dense kernels).
         DmpCase("embedding-bag", _bag_base(world_size, 45, "fused"), DmpOptions(), model="embedding-bag"),
         DmpCase("embedding-bag", _bag_base(world_size, 46, "dense"), DmpOptions(sync_collectives=True), model="embedding-bag"),
@@ -297,6 +300,15 @@ def _lookup_options(world_size: int, mixed: dict[str, tuple], ec: ShardingCase) 
             DmpCase("gather-select", dataclasses.replace(ec, seed=54), DmpOptions(), model="ec-gather-select"),
             DmpCase("gather-select", dataclasses.replace(ec, seed=55, need_indices=False, plan=gathered_tw), DmpOptions(),
                     model="ec-gather-select"))
+
+
+def _debug_checks(world_size: int, mixed: dict[str, tuple], grid: dict[str, tuple], ec: ShardingCase) -> tuple[DmpCase, ...]:
+    """torchrec's debug checks on (collective validation's tags on every splits all-to-all, the overflow
+    checks): a variable batch (its strides travel with the splits), TWRW and GRID, an EC, synchronous too."""
+    debug = DmpOptions(debug_checks=True)
+    return (DmpCase("debug-checks", _ebc(world_size, mixed, 57, steps=_vbe_steps(world_size)), debug),
+            DmpCase("debug-checks", _ebc(world_size, grid, 58, "adagrad"), dataclasses.replace(debug, sync_collectives=True)),
+            DmpCase("debug-checks", dataclasses.replace(ec, seed=59), debug))
 
 
 def _bag_base(world_size: int, seed: int, kernel: str) -> ShardingCase:

@@ -1,5 +1,5 @@
 """The sharding check's DMP and collectives block: the pinned DMP cases (dmp_cases.py) and torchrec's
-pooled collectives on their own (collective_cases.py), its collective control flow (leader_cases.py), DMP.reshard with optimizer state
+pooled collectives on their own (collective_cases.py), its collective control flow (leader_cases.py), its collective validation (validation_cases.py), DMP.reshard with optimizer state
 (dmp_reshard_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
 smallest such world size. One rank has nothing to communicate: torchrec's collectives return early there."""
 
@@ -13,6 +13,7 @@ from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
 from paritykit.checks.sharding.dmp_reshard_cases import reshard_cases
 from paritykit.checks.sharding.dmp_surface import run_surface_case, surface_cases
 from paritykit.checks.sharding.leader_cases import leader_cases, run_leader_case
+from paritykit.checks.sharding.validation_cases import run_validation_case, validation_cases
 from paritykit.dist import PoolProvider
 
 MIN_WORLD_SIZE = 2
@@ -33,6 +34,9 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
                                     lambda collective=collective, pool=pool: run_collective_case(collective, pool)))
         for leader in leader_cases(world_size):
             results.append(run_case(check, leader.case_id(), config, lambda leader=leader, pool=pool: run_leader_case(leader, pool)))
+        for validation in validation_cases(world_size):
+            results.append(run_case(check, validation.case_id(), config,
+                                    lambda validation=validation, pool=pool: run_validation_case(validation, pool)))
     known_broken: list[CaseResult] = []
     if sizes:
         pool = pools.get(min(sizes))
