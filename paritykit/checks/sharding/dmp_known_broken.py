@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Callable
 
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase
+from paritykit.checks.sharding.delta_tracker_cases import embedding_mode_empty_lookup, run_tracker_case
 from paritykit.checks.sharding.dmp_cases import DmpCase, _bag_base, _steps, _tables, run_dmp_case
 from paritykit.checks.sharding.dmp_surface import strict_problem, surface_cases
 from paritykit.engine.dmp_options import DmpOptions
@@ -47,6 +48,11 @@ RULES = {
         "outside the sharded modules (a dense parameter) nor on an unexpected key, where the unsharded module "
         "raises: it returns them (the missing key under a name without its module prefix), so a checkpoint "
         "that lost its dense layers loads silently (the state-surface cases compare strict=False only)",
+    "delta-tracker-embedding-empty-lookup":
+        "DistributedModelParallel's model delta tracker in EMBEDDING mode fails inside the forward of a sharded "
+        "EmbeddingCollection on a rank whose lookup of a sharding type gets no ids (a rank holding no shard of a "
+        "table-wise table): record_embeddings asserts embeddings.numel() % kjt.values().numel() == 0, a modulo "
+        "by zero (the pinned EMBEDDING case shards the EC row-wise and gives every shard ids in every step)",
 }
 
 
@@ -108,6 +114,9 @@ def known_broken_dmp_cases(world_size: int) -> dict[str, tuple[str, Callable[[An
         rule: (f"known-broken {rule} {case.case_id()}", lambda pool, case=case: run_dmp_case(case, pool))
         for rule, case in cases.items()}
     found["dmp-reshard-p2p-tags"] = (f"known-broken dmp-reshard-p2p-tags world_size={world_size}", _tags_probe)
+    tracker = embedding_mode_empty_lookup(world_size)
+    found["delta-tracker-embedding-empty-lookup"] = (f"known-broken delta-tracker-embedding-empty-lookup {tracker.case_id()}",
+                                                     lambda pool: run_tracker_case(tracker, pool))
     strict = surface_cases(world_size)[0]
     found["dmp-load-state-dict-not-strict"] = (f"known-broken dmp-load-state-dict-not-strict {strict.case_id()}",
                                                lambda pool: strict_problem(strict, pool))

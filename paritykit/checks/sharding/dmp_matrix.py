@@ -1,5 +1,6 @@
 """The sharding check's DMP and collectives block: the pinned DMP cases (dmp_cases.py) and torchrec's
-pooled collectives on their own (collective_cases.py), its collective control flow (leader_cases.py), its collective validation (validation_cases.py), DMP.reshard with optimizer state
+pooled collectives on their own (collective_cases.py), its collective control flow (leader_cases.py), its collective validation (validation_cases.py), its model delta tracker
+(delta_tracker_cases.py), DMP.reshard with optimizer state
 (dmp_reshard_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
 smallest such world size. One rank has nothing to communicate: torchrec's collectives return early there."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
 from paritykit.checks.sharding.collective_cases import collective_cases, run_collective_case
+from paritykit.checks.sharding.delta_tracker_cases import run_tracker_case, tracker_cases
 from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
 from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
 from paritykit.checks.sharding.dmp_reshard_cases import reshard_cases
@@ -34,6 +36,8 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
                                     lambda collective=collective, pool=pool: run_collective_case(collective, pool)))
         for leader in leader_cases(world_size):
             results.append(run_case(check, leader.case_id(), config, lambda leader=leader, pool=pool: run_leader_case(leader, pool)))
+        for tracker in tracker_cases(world_size):
+            results.append(run_case(check, tracker.case_id(), config, lambda tracker=tracker, pool=pool: run_tracker_case(tracker, pool)))
         for validation in validation_cases(world_size):
             results.append(run_case(check, validation.case_id(), config,
                                     lambda validation=validation, pool=pool: run_validation_case(validation, pool)))
