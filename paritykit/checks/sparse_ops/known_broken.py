@@ -21,6 +21,7 @@ from paritykit.checks.sparse_ops.reference import Array, kjt_permute, kjt_to_dic
 from paritykit.checks.sparse_ops.reference_keyed import kt_regroup
 from paritykit.checks.sparse_ops.rules import (
     CONSTRUCT_ZERO_BATCH,
+    COPY_KEEPS_STALE_LAYOUT,
     IS_EQUAL_IDS_TOLERANCE,
     MULTI_EMBEDDING_UNUSED_KEY_GRAD,
     OFFSETS_ZERO_BATCH,
@@ -38,6 +39,9 @@ from paritykit.checks.sparse_ops.validator_cases import KNOWN_BROKEN_VALIDATOR
 ZERO_BATCH = KJTSpec(("f0", "f1"), ((), ()), None, 0, True, "int64", "float32", "int32", "lengths", False, 41)
 WEIGHTED = KJTSpec(("f0", "f1"), ((2, 0, 1), (1, 3, 0)), None, 3, True, "int64", "float32", "int64", "lengths", False, 42)
 VBE = KJTSpec(("f0", "f1"), ((2, 0), (1, 3, 1)), ((2,), (3,)), 0, True, "int64", "float32", "int64", "lengths", False, 43)
+# Two batches of the same shapes (keys, samples, values) whose rows split the values otherwise.
+COPIED_INTO = KJTSpec(("f0", "f1"), ((1, 1), (1, 1)), None, 2, True, "int64", "float32", "int64", "lengths", False, 52)
+COPIED = KJTSpec(("f0", "f1"), ((2, 0), (0, 2)), None, 2, True, "int64", "float32", "int64", "lengths", False, 53)
 
 
 def _to_dict_zero_batch() -> None:
@@ -70,6 +74,17 @@ def _regroup_key_dim_0() -> None:
     actual = KeyedTensor.regroup([build_kt(ref) for ref in refs], groups)
     for g, (tensor, want) in enumerate(zip(actual, kt_regroup(refs, groups), strict=True)):
         expect_array(tensor, want, f"KeyedTensor.regroup(key_dim-0 kts, {groups})[{g}]")
+
+
+def _copy_into_a_used_kjt() -> None:
+    """target.copy_(kjt) where the target was used (its offsets, or lengths, computed, as a lookup or
+    to_dict computes them) and kjt, of the same shapes, was built from lengths (offsets) alone."""
+    for form, computed in (("lengths", "offsets"), ("offsets", "lengths")):
+        target = build_kjt(COPIED_INTO.reference(), form)
+        getattr(target, computed)()
+        ref = COPIED.reference()
+        target.copy_(build_kjt(ref, form))
+        expect_kjt(target, ref, f"target.copy_(kjt) of a KJT built from {form}, into one whose {computed} were computed")
 
 
 def permute_grad_not_bijective() -> None:
@@ -129,6 +144,8 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], None] | None]] = {
     CONSTRUCT_ZERO_BATCH: ("construct_jagged_tensors of column shards with a batch of no samples", construct_zero_batch),
     IS_EQUAL_IDS_TOLERANCE: ("kjt_is_equal and jt_is_equal of batches differing in one id, 1000000 and 1000001",
                              is_equal_ids_within_tolerance),
+    COPY_KEEPS_STALE_LAYOUT: ("copy_ into a used KJT (offsets or lengths computed) from one built from lengths or offsets",
+                              _copy_into_a_used_kjt),
 }
 
 

@@ -34,12 +34,14 @@ VALIDATOR_VBE_VERDICT = "kjt-validator-vbe-verdict-dropped"
 CONSTRUCT_ZERO_BATCH = "construct-jagged-tensors-zero-batch"
 # kjt_is_equal / jt_is_equal compare integer ids with torch.allclose: ids within 1e-5 of their size match.
 IS_EQUAL_IDS_TOLERANCE = "kjt-is-equal-ids-within-tolerance"
+# KeyedJaggedTensor.copy_ into a KJT whose offsets (lengths) were computed, from one without them: kept stale.
+COPY_KEEPS_STALE_LAYOUT = "kjt-copy-keeps-stale-offsets"
 # The smallest id at which torch.allclose's default rtol (1e-5) calls ids one apart equal.
 ALLCLOSE_ID_THRESHOLD = 99_999
 
 RULES = (TO_DICT_ZERO_BATCH, OFFSETS_ZERO_BATCH, PADDED_DENSE_NO_ROWS, REGROUP_KEY_DIM_0,
          PERMUTE_GRAD_NOT_BIJECTIVE, VBE_PERMUTE_NO_GRAD, MULTI_EMBEDDING_UNUSED_KEY_GRAD, VALIDATOR_NEGATIVE_ROW,
-         VALIDATOR_STRIDE_MISMATCH, VALIDATOR_VBE_VERDICT, CONSTRUCT_ZERO_BATCH, IS_EQUAL_IDS_TOLERANCE)
+         VALIDATOR_STRIDE_MISMATCH, VALIDATOR_VBE_VERDICT, CONSTRUCT_ZERO_BATCH, IS_EQUAL_IDS_TOLERANCE, COPY_KEEPS_STALE_LAYOUT)
 
 
 def kept_out(rule: str) -> bool:
