@@ -154,3 +154,16 @@ def test_a_printout_that_raises_or_leaves_out_a_lookup_or_submodule_is_caught():
     problems = printout_problems(setup, [raised, lacking, unnamed])
     assert [p.split(":")[0] for p in problems] == ["rank 0", "rank 1", "rank 2"], problems
     assert "raised TypeError" in problems[0] and names[0] in problems[1] and "lookup GroupedEmbeddingsLookup" in problems[2]
+
+
+def test_a_dtensor_of_another_global_stride_or_an_unknown_name_is_caught():
+    from types import SimpleNamespace
+
+    import torch
+
+    from paritykit.checks.sharding.dmp_surface import geometry_problems
+
+    setup = SimpleNamespace(full_state={"t0.weight": torch.zeros(10, 12)})
+    assert geometry_problems(setup, [{"geometry": [("t0.weight", (10, 12), (12, 1))]}]) == []
+    assert "stride (10, 1)" in geometry_problems(setup, [{"geometry": [("t0.weight", (10, 12), (10, 1))]}])[0]
+    assert "no tensor of the unsharded module" in geometry_problems(setup, [{"geometry": [("t9.weight", (1,), (1,))]}])[0]

@@ -17,7 +17,8 @@ sharding, its names and its seeded weights):
   DTensors whose local shards put together equal the unsharded weights, and the round trip above;
   every DTensor of the model's and the fused optimizer's state holds a local tensor
   (``LocalShardsWrapper``) exactly as large as its local shards together (row-wise optimizer state
-  of two column shards on one rank included).
+  of two column shards on one rank included), and every rank's DTensor of a table, on a rank holding
+  none of it too, has the unsharded weight's global shape and contiguous stride.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def surface_on_rank(setup: TrainingSetup, output_dtensor: bool) -> dict[str, Any
         "strict": {bad: _load_outcome(fresh, state, None) for bad, state in spoiled_states(saved, missing_key(saved)).items()},
         "printout": printout_of(dmp),
         "wrappers": wrapper_sizes(saved) + wrapper_sizes(dmp.fused_optimizer.state_dict()["state"], "optimizer "),
+        "geometry": [(key, tuple(value.size()), tuple(value.stride())) for key, value in saved.items()
+                     if type(value).__name__ == "DTensor"],
     }
 
 
@@ -162,6 +165,21 @@ def wrapper_sizes(state: Any, prefix: str = "") -> list[tuple[str, tuple[int, ..
             local = value.to_local()
             found.append((f"{prefix}{key}", tuple(local.shape), [tuple(shard.shape) for shard in local.local_shards()]))
     return found
+
+
+def geometry_problems(setup: TrainingSetup, per_rank: list[dict[str, Any]]) -> list[str]:
+    """Every rank's DTensor of a table, a rank holding no shard of it included, has the unsharded
+    weight's global shape and its contiguous stride."""
+    problems = []
+    for rank, record in enumerate(per_rank):
+        for key, size, stride in record["geometry"]:
+            weight = setup.full_state.get(key)
+            if weight is None:
+                problems.append(f"rank {rank}: the DTensor {key!r} is no tensor of the unsharded module")
+            elif (size, stride) != (tuple(weight.shape), weight.contiguous().stride()):
+                problems.append(f"rank {rank}: the DTensor {key!r} has global shape {size} and stride {stride}, the unsharded "
+                                f"weight {tuple(weight.shape)} and {weight.contiguous().stride()}")
+    return problems
 
 
 def wrapper_problems(per_rank: list[dict[str, Any]]) -> list[str]:
@@ -243,7 +261,7 @@ def run_surface_case(case: SurfaceCase, pool: Any) -> dict[str, Any]:
     setup = surface_setup(case, pool.device)
     per_rank = pool.call(surface_on_rank, (setup, case.output_dtensor), case=case.case_id())
     problems = (names_problems(setup, per_rank) + state_problems(case, setup, per_rank) + printout_problems(setup, per_rank)
-                + wrapper_problems(per_rank))
+                + wrapper_problems(per_rank) + geometry_problems(setup, per_rank))
     expected_loose = unsharded_outcomes(setup, False, per_rank[0]["missing_key"])
     problems += [f"rank {rank}: load_state_dict(strict=False) {record['loose']} where the unsharded module {expected_loose}"
                  for rank, record in enumerate(per_rank) if record["loose"] != expected_loose]
