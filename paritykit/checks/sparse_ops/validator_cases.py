@@ -224,16 +224,17 @@ PINNED_BASES = (PINNED_FIXED, replace(PINNED_FIXED, form="offsets"), replace(PIN
 
 
 def pinned_validations() -> tuple[ValidateSpec, ...]:
-    """Three valid KJTs (tables given: every id in range, none starting at 0; then ids out of range; a
-    variable batch), then every corruption once (those a standing known issue lists are left to
+    """Four valid KJTs (tables given: every id in range, none starting at 0; then ids out of range, a
+    key's largest id its table's size and one beyond; a variable batch), then every corruption once (those a standing known issue lists are left to
     known_broken.py). One key out of range makes the verdict False whatever the others say, so the
     in-range tables come alone."""
     corrupted_once: dict[str, ValidateSpec] = {}
     for base in PINNED_BASES:
         for name in sorted(corruptions(raw_of(base))):
             corrupted_once.setdefault(name, ValidateSpec(base, name))
+    # Out of range by its last row (== the table's rows) and beyond it.
     return (ValidateSpec(PINNED_BASES[2], None, (0, 3, 0)), ValidateSpec(PINNED_BASES[2], None, (0, 3, -1)),
-            ValidateSpec(ONE_RANK_VBE)) + tuple(corrupted_once.values())
+            ValidateSpec(PINNED_BASES[2], None, (0, 3, -2)), ValidateSpec(ONE_RANK_VBE)) + tuple(corrupted_once.values())
 
 
 def validator_cases() -> list[OpCase]:
