@@ -24,6 +24,7 @@ from paritykit.checks.sparse_ops.specs import KJTSpec, kjt_specs
 from paritykit.checks.sparse_ops.values import FLOAT_DTYPES, INT_DTYPES, round_to
 
 ALL_VALUE_DTYPES = INT_DTYPES + FLOAT_DTYPES
+NO_KEYS = KJTSpec((), (), None, 3, False, "int64", "float32", "int64", "lengths", False, 61)
 # fbgemm's CPU permute kernels have no float64 values version (permute_2D/1D_sparse_data), and the
 # VBE one (permute_1D_sparse_data) no float16 weights version; pinned cases show both (reported
 # unsupported, with fbgemm's words, while they last), the draws leave them out.
@@ -205,7 +206,8 @@ def kjt_op_cases() -> list[OpCase]:
         OpCase("kjt.getitem", kjts, _getitem, PINNED_KJTS),
         OpCase("kjt.flatten_lengths", kjts, _flatten_lengths, PINNED_KJTS),
         OpCase("kjt.concat", _concats(), _concat, ((PINNED_FIXED, replace(PINNED_FIXED, keys=("f5", "f6", "f7"), seed=3)),)),
-        OpCase("kjt.to", moves, _move_to, (MoveTo(PINNED_VBE, True, "float16"),)),
+        # A KJT of no keys: its batch size lives in the stride alone, which the copy must carry.
+        OpCase("kjt.to", moves, _move_to, (MoveTo(PINNED_VBE, True, "float16"), MoveTo(NO_KEYS, False, None))),
         OpCase("kjt.copy_", kjts, _copy, PINNED_KJTS),
         OpCase("kjt.pytree", kjts, _pytree, PINNED_KJTS),
         OpCase("kjt.clear_storage", _permutes(), _clear_storage, pinned_permutes[:2]),
