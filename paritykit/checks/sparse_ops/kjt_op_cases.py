@@ -163,12 +163,22 @@ def _move_to(spec: MoveTo) -> None:
     expect_kjt(moved, expected, f"kjt.to(device, non_blocking={spec.non_blocking}, dtype={spec.dtype})")
 
 
-def _copy(spec: KJTSpec) -> None:
-    """``target.copy_(kjt)`` into a KJT of the same shapes holding other numbers."""
-    ref = spec.reference()
-    target = build_kjt(replace(spec, seed=spec.seed + 1).reference(), spec.form, spec.metadata)
-    target.copy_(build_kjt(ref, spec.form, spec.metadata))
-    expect_kjt(target, ref, "target.copy_(kjt)")
+@dataclass(frozen=True)
+class CopyInto:
+    """``kjt`` copied into a fresh target of the same shapes built from ``target_form``."""
+
+    kjt: KJTSpec
+    target_form: str
+
+
+def _copy(spec: KJTSpec | CopyInto) -> None:
+    """``target.copy_(kjt)`` into a fresh KJT of the same shapes holding other numbers (built the same way,
+    or from another form: what the source carries and the target lacks is computed from what it has)."""
+    kjt, target_form = (spec.kjt, spec.target_form) if isinstance(spec, CopyInto) else (spec, spec.form)
+    ref = kjt.reference()
+    target = build_kjt(replace(kjt, seed=kjt.seed + 1).reference(), target_form, kjt.metadata)
+    target.copy_(build_kjt(ref, kjt.form, kjt.metadata))
+    expect_kjt(target, ref, f"target.copy_(kjt) (kjt from {kjt.form}, the target from {target_form})")
 
 
 def _clear_storage(spec: Permute) -> None:
@@ -208,7 +218,8 @@ def kjt_op_cases() -> list[OpCase]:
         OpCase("kjt.concat", _concats(), _concat, ((PINNED_FIXED, replace(PINNED_FIXED, keys=("f5", "f6", "f7"), seed=3)),)),
         # A KJT of no keys: its batch size lives in the stride alone, which the copy must carry.
         OpCase("kjt.to", moves, _move_to, (MoveTo(PINNED_VBE, True, "float16"), MoveTo(NO_KEYS, False, None))),
-        OpCase("kjt.copy_", kjts, _copy, PINNED_KJTS),
+        OpCase("kjt.copy_", kjts, _copy, PINNED_KJTS + (CopyInto(replace(PINNED_FIXED, form="lengths+offsets"), "lengths"),
+                                                        CopyInto(replace(PINNED_FIXED, form="lengths+offsets"), "offsets"))),
         OpCase("kjt.pytree", kjts, _pytree, PINNED_KJTS),
         OpCase("kjt.clear_storage", _permutes(), _clear_storage, pinned_permutes[:2]),
     ]
