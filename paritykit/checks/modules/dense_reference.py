@@ -10,7 +10,7 @@ import torch
 from paritykit.checks.modules import formulas
 from paritykit.checks.modules.dense_modules import (ACTIVATIONS, DLRM_ARCHS, DLRM_MODELS, DLRM_OVER_HIDDEN, SWISH,
                                                     DenseSpec, Params, dlrm_batch, dlrm_features)
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, ParityError
 
 Tensor = torch.Tensor
 
@@ -29,8 +29,15 @@ def _mlp(spec: DenseSpec, params: Params, x: Tensor, prefix: str) -> Tensor:
         at = f"{prefix}_mlp.{i}."
         last_bare = not spec.activation_on_last and i == len(spec.sizes) - 1
         activation = (lambda t: t) if last_bare else _activation(spec, params, at, size)
-        layers.append((params[f"{at}_linear.weight"], params.get(f"{at}_linear.bias"), activation))
+        layers.append((params[f"{at}_linear.weight"], _bias(spec, params, f"{at}_linear.bias"), activation))
     return formulas.mlp(x, layers)
+
+
+def _bias(spec: DenseSpec, params: Params, name: str) -> Tensor | None:
+    """A linear layer's bias exactly where the user asked for one (bias=True)."""
+    if spec.bias != (name in params):
+        raise ParityError(f"{spec.kind} built with bias={spec.bias}: its parameters {'lack' if spec.bias else 'hold'} {name!r}")
+    return params[name] if spec.bias else None
 
 
 def _per_layer(params: Params, name: str, layers: int) -> list[Tensor]:
@@ -106,7 +113,7 @@ def reference(spec: DenseSpec, params: Params, inputs: list[Tensor]) -> Tensor:
     x, layers = inputs[0], spec.layers
     if spec.kind == "perceptron":
         activation = _activation(spec, params, "", spec.sizes[0])
-        return formulas.mlp(x, [(params["_linear.weight"], params.get("_linear.bias"), activation)])
+        return formulas.mlp(x, [(params["_linear.weight"], _bias(spec, params, "_linear.bias"), activation)])
     if spec.kind == "mlp":
         return _mlp(spec, params, x, "")
     if spec.kind == "swish_layer_norm":

@@ -120,8 +120,9 @@ def strategies() -> dict[str, st.SearchStrategy[DenseSpec]]:
 
 
 PINNED: dict[str, tuple[DenseSpec, ...]] = {
-    "perceptron": (DenseSpec("perceptron", 3, 4, (3,), "SwishLayerNorm(out)"),),
-    "mlp": (DenseSpec("mlp", 4, 5, (4, 3), "torch.relu"), DenseSpec("mlp", 3, 5, (4, 2), SWISH),
+    # bias=False pinned: a linear layer given a bias all the same shows (the reference takes none).
+    "perceptron": (DenseSpec("perceptron", 3, 4, (3,), "SwishLayerNorm(out)"), DenseSpec("perceptron", 3, 4, (3,), "torch.relu", False)),
+    "mlp": (DenseSpec("mlp", 4, 5, (4, 3), "torch.relu"), DenseSpec("mlp", 3, 5, (4, 2), SWISH), DenseSpec("mlp", 3, 5, (4, 4), SWISH, False),
             DenseSpec("mlp", 3, 4, (3, 2), "lambda: nn.Sigmoid()", activation_on_last=False, dtype="float64")),
     "swish_layer_norm": (DenseSpec("swish_layer_norm", 3, dims=((3, 4),), norm_dims=2),),
     "cross_net": (DenseSpec("cross_net", 3, 5, layers=2),),
