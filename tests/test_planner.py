@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from paritykit.checks.planner.case_runner import kernels_offered
+from paritykit.checks.planner.case_runner import kernels_offered, run_gpu_plan_case
 from paritykit.checks.planner.cases import TableConstraint, model_fn
-from paritykit.checks.planner.pinned import pinned_cases
+from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
 from paritykit.checks.planner.plan_rules import column_block, plan_problems
 from paritykit.checks.planner.planning import plan_case
 from paritykit.checks.runner import GateConfig
@@ -56,6 +56,28 @@ def test_a_plan_whose_shards_sit_elsewhere_than_its_ranks_or_on_two_hosts_is_nam
         shard.placement = type(shard.placement)(f"rank:{rank}/cpu")
     module_plan["t1"] = dataclasses.replace(twcw, ranks=[0, 2, 0])
     assert any("on more than one host" in p for p in plan_problems(case, plan, kernels_offered("ebc")))
+
+
+@pytest.mark.parametrize("world_size, ranks_per_host", [(2, 2), (4, 2), (6, 3)])
+def test_torchrecs_gpu_plans_of_row_wise_table_row_wise_and_grid_keep_every_rule(world_size, ranks_per_host):
+    case = gpu_only_cases(world_size, ranks_per_host)[0]
+    assert run_gpu_plan_case(case)["plan_shape"].endswith("grid_shard+row_wise+table_row_wise")
+
+
+def test_table_row_wise_or_grid_rows_on_two_hosts_or_out_of_order_are_named():
+    case = gpu_only_cases(4, 2)[0]
+    plan, _ = plan_case(case, model_fn(case)(), "cuda")
+    module_plan = next(iter(plan.plan.values()))
+    twrw, grid = module_plan["t0"], module_plan["t1"]
+    first = twrw.sharding_spec.shards[0].placement.rank()
+    other_host = (first + 2) % 4
+    twrw.sharding_spec.shards[1].placement = type(twrw.sharding_spec.shards[1].placement)(f"rank:{other_host}/cuda:0")
+    module_plan["t0"] = dataclasses.replace(twrw, ranks=[first, other_host])
+    grid.sharding_spec.shards[0].shard_offsets, grid.sharding_spec.shards[1].shard_offsets = (
+        grid.sharding_spec.shards[1].shard_offsets, grid.sharding_spec.shards[0].shard_offsets)
+    problems = plan_problems(case, plan, kernels_offered("ebc", "cuda"))
+    assert any("'t0'" in p and "over host" in p for p in problems), problems
+    assert any("'t1'" in p and "over host" in p for p in problems), problems
 
 
 def test_a_constraint_the_plan_does_not_keep_is_named():

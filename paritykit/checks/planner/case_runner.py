@@ -49,3 +49,15 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
                               case.describe(), where_for(setup))
     planned = {name: sharding.sharding_type for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
     return {**metrics, "plan_shape": f"{case.module}/{case.hosts}/" + "+".join(sorted(planned.values()))}
+
+
+def run_gpu_plan_case(case: PlannerCase) -> dict[str, Any]:
+    """A case whose constraints name placements torchrec's sharders offer GPU ranks only (table-row-wise,
+    grid, an EBC row-wise): planned for cuda (planning needs no GPU) and held to the plan's rules. It
+    cannot train here."""
+    plan, report = plan_case(case, model_fn(case)(), "cuda")
+    problems = plan_problems(case, plan, kernels_offered(case.module, "cuda")) + report
+    if problems:
+        raise ParityError(f"{case.describe()} planned for cuda\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
+    planned = {name: sharding.sharding_type for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
+    return {"tables": len(planned), "plan_shape": f"{case.module}/{case.hosts}/cuda/" + "+".join(sorted(planned.values()))}

@@ -1,14 +1,15 @@
 """The planner check's gate entry: drawn planner cases on every world size (one host) and on the
-config's layouts of several hosts, a few per layout (each trains on its pool)."""
+config's layouts of several hosts, a few per layout (each trains on its pool), and on each layout the
+placements offered to GPU ranks only, planned for cuda and held to the plan's rules."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
-from paritykit.checks.planner.case_runner import run_planner_case
+from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
-from paritykit.checks.planner.pinned import pinned_cases
+from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 from paritykit.dist import PoolProvider
@@ -33,4 +34,6 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
                                 lambda case, pool=pool: run_planner_case(case, pool), drawn,
                                 case_id=lambda case: case.case_id(),
                                 explicit=pinned_cases(hosts.world_size, hosts.ranks_per_host))
+        for case in gpu_only_cases(hosts.world_size, hosts.ranks_per_host):
+            results.append(run_case(NAME, f"{case.case_id()} planned for cuda", config, lambda case=case: run_gpu_plan_case(case)))
     return results

@@ -27,3 +27,12 @@ def pinned_cases(world_size: int, ranks_per_host: int) -> tuple[PlannerCase, ...
         PlannerCase("ebc", world_size, ranks_per_host, ebc, ebc_constraints, _steps(ebc, world_size), "rowwise_adagrad", seed=1),
         PlannerCase("ec", world_size, ranks_per_host, ec, ec_constraints, _steps(ec, world_size), "adagrad", seed=2),
     )
+
+
+def gpu_only_cases(world_size: int, ranks_per_host: int) -> tuple[PlannerCase, ...]:
+    """Placements torchrec's EBC sharder offers GPU ranks only, across the hosts: table-row-wise, grid
+    (column blocks of 8) and row-wise, one choice per table (run_gpu_plan_case)."""
+    tables = (TableSpec("t0", 10, 16, ("f0",)), TableSpec("t1", 9, 16, ("f1",)), TableSpec("t2", 11, 8, ("f2",)))
+    constraints = (("t0", TableConstraint(("table_row_wise",))), ("t1", TableConstraint(("grid_shard",), 8)),
+                   ("t2", TableConstraint(("row_wise",))))
+    return (PlannerCase("ebc", world_size, ranks_per_host, tables, constraints, _steps(tables, world_size), "rowwise_adagrad", seed=3),)

@@ -9,7 +9,9 @@ constraints and of each sharding type (independent of torchrec's planner and sha
   of equal width: the smallest multiple of 4 that is at least ``min_partition`` (128 when not given)
   and divides the dimension, or the whole dimension when none does; table-column-wise keeps every
   shard on one host;
-- row-wise: one shard per rank in rank order, of ceil(rows / ranks) rows each until the rows run out.
+- row-wise: one shard per rank in rank order, of ceil(rows / ranks) rows each until the rows run out;
+- table-row-wise: the same over the ranks of one host; grid: the column blocks above, each split so
+  over the ranks of one host (torchrec offers both for GPU ranks only: plans made for cuda).
 """
 
 from __future__ import annotations
@@ -61,10 +63,34 @@ def _layout_problem(case: PlannerCase, table: TableSpec, sharding: Any) -> str |
     if kind in COLUMN_WISE:
         return _column_problem(case, table, sharding, shards)
     if kind == "row_wise":
-        sizes = row_shard_sizes(table.num_embeddings, case.world_size)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        expected = [([start, 0], [size, table.embedding_dim], rank) for rank, (start, size) in enumerate(zip(starts, sizes))]
+        expected = _rows_over(table.num_embeddings, 0, table.embedding_dim, list(range(case.world_size)))
         return None if shards == expected else f"row-wise shards {shards}; one per rank in rank order is {expected}"
+    if kind in ("table_row_wise", "grid_shard"):
+        return _host_rows_problem(case, table, shards, kind)
+    return f"sharding type {kind!r} has no rule here"
+
+
+def _rows_over(rows: int, column: int, width: int, ranks: list[int]) -> list:
+    """(offsets, sizes, rank): the rows in ceil(rows / len(ranks)) blocks over ``ranks`` in order."""
+    sizes = row_shard_sizes(rows, len(ranks))
+    return [([sum(sizes[:i]), column], [size, width], rank) for i, (size, rank) in enumerate(zip(sizes, ranks))]
+
+
+def _host_rows_problem(case: PlannerCase, table: TableSpec, shards: list, kind: str) -> str | None:
+    """Table-row-wise: the rows over one host's ranks. Grid: each column block (as column-wise) so."""
+    width = table.embedding_dim if kind == "table_row_wise" else column_block(table.embedding_dim,
+                                                                             case.constraint_of(table.name).min_partition)
+    expected_columns = list(range(0, table.embedding_dim, width))
+    found_columns = sorted({offsets[1] for offsets, _, _ in shards})
+    if found_columns != expected_columns:
+        return f"its shards start at columns {found_columns}; blocks of {width} columns start at {expected_columns}"
+    for column in expected_columns:
+        block = [shard for shard in shards if shard[0][1] == column]
+        host = case.hosts.host_of(block[0][2])
+        ranks = [rank for rank in range(case.world_size) if case.hosts.host_of(rank) == host]
+        expected = _rows_over(table.num_embeddings, column, width, ranks)
+        if block != expected:
+            return f"the shards of columns {column}.. are {block}; the rows over host {host}'s ranks in order are {expected}"
     return None
 
 
