@@ -296,3 +296,16 @@ def test_the_capacity_case_passes_and_a_plan_into_the_reserved_memory_is_caught(
     monkeypatch.setattr(storage_reservations, "HeuristicalStorageReservation", lambda percentage: original(percentage=real))
     with pytest.raises(ParityError, match="more than the 50% of its"):
         capacity.run_capacity_case(capacity.CapacityCase())
+
+
+def test_the_compute_kernels_count_is_the_plans_tables_per_kernel():
+    from types import SimpleNamespace
+
+    from paritykit.checks.planner.kernel_counts import kernel_count_problems
+
+    rows = ["#" * 40, "#  Compute Kernels Count:             #", "#    dense: 1                        #",
+            "#    fused: 2                        #", "#                                    #"]
+    plan = [SimpleNamespace(compute_kernel=k) for k in ("fused", "dense", "fused")]
+    assert kernel_count_problems(rows, plan) == []
+    assert "printed {'dense': 1, 'fused': 2}" in kernel_count_problems(rows, plan[:2])[0]
+    assert "no 'Compute Kernels Count:' block" in kernel_count_problems(rows[:1], plan)[0]

@@ -14,7 +14,8 @@
 - each 'Maximum of' a perf component (and of the total) is the largest of the ranks' sums, on ranks
   that have it, named as a run 'a-b' where they are consecutive; the mean total perf and the percent
   by which the maximum exceeds it are those of the ranks' totals;
-- no figure is negative (every one is an amount);
+- no figure is negative (every one is an amount); its compute kernels count the plan's tables per
+  kernel (kernel_counts.py);
 - each rank's row gives its shards' perf summed (total and components), and at least their HBM and
   DDR, each with its percent of what the rank can plan with;
 - the reserved and planning memory are the reservation's share of the topology's HBM and the rest
@@ -33,6 +34,7 @@ import re
 from typing import Any, Iterator
 
 from paritykit.checks.planner.estimate_rules import PERF_COMPONENTS, single_problems
+from paritykit.checks.planner.kernel_counts import kernel_count_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
 # every supported stack): it may be one character wider than the border.
@@ -393,4 +395,4 @@ def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, w
               if topology is not None and reserved is not None else [])
     return (frame_problems(rows) + negative_figure_problems(rows) + perf_figure_problems(rows, best_plan)
             + shard_count_problems(rows, best_plan, world_size) + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
-            + maxima_problems(rows, best_plan, world_size) + memory + chosen[:4])
+            + maxima_problems(rows, best_plan, world_size) + kernel_count_problems(rows, best_plan) + memory + chosen[:4])
