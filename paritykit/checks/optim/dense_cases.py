@@ -25,7 +25,7 @@ from paritykit.engine.optim_reference import HandRowWiseAdagrad
 from paritykit.engine.optim_schedule import scheduled_lr
 from paritykit.engine.optim_wrapping import Warmup, warmup_stages
 from paritykit.engine.tolerances import normwise
-from paritykit.errors import ParityError
+from paritykit.errors import ParityError, expect
 from paritykit.harness.seeding import generator
 
 SHAPES = ((6, 1), (5, 4), (3, 8))
@@ -186,6 +186,10 @@ def _keyed_wrapper(params: dict[str, torch.nn.Parameter]):
 def run_keyed(case: KeyedCase) -> dict[str, Any]:
     theirs, ours = _params(case.seed), _params(case.seed)
     combined = _keyed_wrapper(theirs)
+    # save_param_groups on the combined optimizer reaches each optimizer in it (a user saving one alone).
+    for key, optimizer in combined.optimizers:
+        expect("param_groups" in optimizer.state_dict(),
+               f"{case.case_id()}: CombinedOptimizer.save_param_groups(True), yet its optimizer {key!r} saves no param_groups")
     names = list(ours)
     references = [torch.optim.Adam([ours[n] for n in names[:2]], lr=0.05, weight_decay=0.01),
                   torch.optim.SGD([ours[n] for n in names[2:]], lr=0.1, momentum=0.9)]
