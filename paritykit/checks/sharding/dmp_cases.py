@@ -32,8 +32,8 @@ import torch
 from paritykit.checks.sharding.case_runner import case_setup, permutation_problem
 from paritykit.checks.sharding.codec_oracle import codec_applies, codec_problem
 from paritykit.checks.sharding.cases import RankBatch, ShardingCase, batches_of, build_module, torchrec_plan
-from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, bag_batches, bag_setup, build_ebc_under_dense,
-                                                   build_gather_select_ec, kernels_and_tables, unsharded_buffers)
+from paritykit.checks.sharding.dmp_models import (BAG_ROWS, BAG_WIDTH, OPTIMIZER_STEP, bag_batches, bag_setup, build_ebc_under_dense,
+                                                   build_gather_select_ec, kernels_and_tables, optimizer_steps, unsharded_buffers)
 from paritykit.compare import find_differences, format_differences
 from paritykit.engine.comparison import compare_records, where_for
 from paritykit.engine.dmp_options import CODEC_PRECISIONS, DmpOptions, QComm, Reshard, dmp_planned
@@ -131,10 +131,12 @@ def run_dmp_case(case: DmpCase, pool: Any) -> dict[str, Any]:
         setup = dataclasses.replace(setup, probes=setup.probes + (unsharded_buffers,))
     if case.name in COUNTED:
         setup = dataclasses.replace(setup, probes=setup.probes + (kernels_and_tables,))
+    if case.options.hyper_parameters:
+        setup = dataclasses.replace(setup, probes=setup.probes + (optimizer_steps,))
     reference = train_reference(setup, division=gradient_division())
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
     problem = permutation_problem(case.base, setup, record) if case.model == "module" else buffers_problem(case, setup, record)
-    problem = problem or kernels_problem(case, setup, record)
+    problem = problem or kernels_problem(case, setup, record) or steps_problem(setup, record)
     if problem:
         raise ParityError(f"{case.describe()}\n  {problem}")
     metrics = compare_records(record, reference, tolerance_of(case), case.describe(), where=where_for(setup))
@@ -167,6 +169,18 @@ def kernels_problem(case: DmpCase, setup: TrainingSetup, record: Any) -> str | N
         if wrong:
             said = "use_one_tbe_per_table, yet" if per_table else "tables of one data type, pooling and kernel, yet"
             return f"rank {rank}: {said} lookups hold {', '.join(f'{t} tables in {k} kernel(s)' for k, t in wrong)}"
+    return None
+
+
+def steps_problem(setup: TrainingSetup, record: Any) -> str | None:
+    """Every batched kernel on every rank at the step set_optimizer_step gave DMP's fused optimizer."""
+    if optimizer_steps not in setup.probes:
+        return None
+    for rank, probes in enumerate(record.probes):
+        steps = probes[setup.probes.index(optimizer_steps)]
+        if not steps or set(steps) != {OPTIMIZER_STEP}:
+            return (f"rank {rank}: after fused_optimizer.set_optimizer_step({OPTIMIZER_STEP}) its batched kernels' steps are "
+                    f"{steps or 'none found'}")
     return None
 
 

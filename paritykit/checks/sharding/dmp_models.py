@@ -75,6 +75,21 @@ def kernels_and_tables(dmp: nn.Module) -> list[tuple[int, int]]:
     return found
 
 
+# The step a user resuming at step 5 hands DMP's fused optimizer (set_optimizer_step).
+OPTIMIZER_STEP = 5
+
+
+def optimizer_steps(dmp: nn.Module) -> list[int]:
+    """A probe: ``dmp.fused_optimizer.set_optimizer_step(OPTIMIZER_STEP)``, then the step counter of every
+    batched kernel (fbgemm's TBE ``iter``) of the model. SGD and (row-wise) Adagrad do not read it."""
+    from torchrec.distributed.types import ShardedModule
+
+    dmp.fused_optimizer.set_optimizer_step(OPTIMIZER_STEP)
+    kernels = [getattr(kernel, "_emb_module", None) for module in dmp.modules() if isinstance(module, ShardedModule)
+               for lookup in getattr(module, "_lookups", ()) for kernel in getattr(getattr(lookup, "module", lookup), "_emb_modules", ())]
+    return [int(kernel.iter[0]) for kernel in kernels if isinstance(getattr(kernel, "iter", None), torch.Tensor)]
+
+
 # The sharding types whose EC outputs are selected with torch.gather (the rest with index_select):
 # the per-type choice overrides the module-wide one, both set.
 GATHER_SELECT = {"use_gather_select": True, "use_gather_select_per_sharding": {"row_wise": False}}
