@@ -301,7 +301,7 @@ def test_the_capacity_case_passes_and_a_plan_into_the_reserved_memory_is_caught(
 def test_the_compute_kernels_count_is_the_plans_tables_per_kernel():
     from types import SimpleNamespace
 
-    from paritykit.checks.planner.kernel_counts import kernel_count_problems
+    from paritykit.checks.planner.report_blocks import kernel_count_problems
 
     rows = ["#" * 40, "#  Compute Kernels Count:             #", "#    dense: 1                        #",
             "#    fused: 2                        #", "#                                    #"]
@@ -309,3 +309,16 @@ def test_the_compute_kernels_count_is_the_plans_tables_per_kernel():
     assert kernel_count_problems(rows, plan) == []
     assert "printed {'dense': 1, 'fused': 2}" in kernel_count_problems(rows, plan[:2])[0]
     assert "no 'Compute Kernels Count:' block" in kernel_count_problems(rows[:1], plan)[0]
+
+
+def test_the_peak_hbm_tiers_name_every_rank_when_fewer_than_five():
+    from paritykit.checks.planner.report_blocks import printed_ranks, tier_problems
+
+    assert printed_ranks("0-2,5") == [0, 1, 2, 5] and printed_ranks("0,0,1") == [0, 0, 1] and printed_ranks("none") == []
+    top = "# Top HBM Memory Usage Estimation: 0.001 GB #"
+    rows = [top, "# Top Tier #2 Estimated Peak HBM Pressure: 0.001 GB on rank 2 #",
+            "# Top Tier #1 Estimated Peak HBM Pressure: 0.002 GB on ranks 0-1 #"]
+    assert tier_problems(rows, 3) == []
+    assert "every rank of 4 is in one" in tier_problems(rows, 4)[0]
+    assert "every rank of 3 is in one" in tier_problems(rows[:1], 3)[0]
+    assert "not numbered 1, 2" in tier_problems([top, rows[1]], 3)[0]

@@ -15,7 +15,7 @@
   that have it, named as a run 'a-b' where they are consecutive; the mean total perf and the percent
   by which the maximum exceeds it are those of the ranks' totals;
 - no figure is negative (every one is an amount); its compute kernels count the plan's tables per
-  kernel (kernel_counts.py);
+  kernel, and its peak HBM pressure tiers name every rank by tier (report_blocks.py);
 - each rank's row gives its shards' perf summed (total and components), and at least their HBM and
   DDR, each with its percent of what the rank can plan with;
 - the reserved and planning memory are the reservation's share of the topology's HBM and the rest
@@ -34,7 +34,7 @@ import re
 from typing import Any, Iterator
 
 from paritykit.checks.planner.estimate_rules import PERF_COMPONENTS, single_problems
-from paritykit.checks.planner.kernel_counts import kernel_count_problems
+from paritykit.checks.planner.report_blocks import kernel_count_problems, printed_ranks, tier_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
 # every supported stack): it may be one character wider than the border.
@@ -200,14 +200,6 @@ def shard_count_problems(rows: list[str], best_plan: list[Any], world_size: int)
     return problems
 
 
-def _printed_ranks(cell: str) -> list[int]:
-    """'0-3' (consecutive ranks) or '0,0,1'."""
-    if re.fullmatch(r"\d+-\d+", cell):
-        low, high = map(int, cell.split("-"))
-        return list(range(low, high + 1))
-    return sorted(int(rank) for rank in cell.split(",")) if re.fullmatch(r"\d+(,\d+)*", cell) else []
-
-
 def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
     """Each table's parameter row against its sharding option: type, kernel, rows and its shards' ranks."""
     printed = {row.get("FQN"): row for row in _table(rows, "FQN")}
@@ -223,7 +215,7 @@ def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
             if column in row and row[column] != value:
                 problems.append(f"the stats table gives {option.fqn} {column} {row[column]!r}, the plan {value!r}")
         ranks = sorted(shard.rank for shard in option.shards)
-        if "Ranks" in row and _printed_ranks(row["Ranks"]) != ranks:
+        if "Ranks" in row and printed_ranks(row["Ranks"]) != ranks:
             problems.append(f"the stats table gives {option.fqn} ranks {row['Ranks']!r}, its shards are on {ranks}")
     return problems
 
@@ -266,7 +258,7 @@ GB = 1024 ** 3
 def _ranks_text_problem(what: str, word: str, text: str) -> str | None:
     """How a set of ranks must read: 'rank 2', or 'ranks a-b' for a run of consecutive ranks, else
     'ranks 0,2'."""
-    ranks = _printed_ranks(text)
+    ranks = printed_ranks(text)
     consecutive = len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1))
     if not ranks or word != ("ranks" if len(ranks) > 1 else "rank") or ("-" in text) != consecutive:
         return f"the stats table names the ranks of {what} as {word} {text!r}"
@@ -289,7 +281,7 @@ def maxima_problems(rows: list[str], best_plan: list[Any], world_size: int) -> l
                 continue
             if abs(float(found.group(1)) - top) > PRINTED_PERF_UNIT:
                 problems.append(f"the stats table prints Maximum of {label}: {found.group(1)} ms, the ranks' largest is {top:.4f}")
-            elif not set(_printed_ranks(found.group(3))) <= near:
+            elif not set(printed_ranks(found.group(3))) <= near:
                 problems.append(f"the stats table puts the Maximum of {label} on ranks {found.group(3)}, the ranks' values are {values}")
             problems.append(_ranks_text_problem(f"the Maximum of {label}", found.group(2), found.group(3)))
     totals = rank_totals(per_rank, world_size)
@@ -356,8 +348,8 @@ def _row_value(rows: list[str], after: str, pattern: str) -> re.Match | None:
 
 def memory_problems(rows: list[str], topology: Any, reserved: float) -> list[str]:
     """The reserved and the planning memory: ``reserved`` of the first device's HBM, and the rest of
-    it with all of its DDR (in GB), each as a percent of the HBM; and the peak HBM pressure tiers:
-    numbered 1, 2, ... from the highest, on ranks no other tier names."""
+    it with all of its DDR (in GB), each as a percent of the HBM; and the peak HBM pressure tiers
+    (report_blocks.tier_problems)."""
     storage, problems = topology.devices[0].storage, []
     expected = {"Reserved Memory:": (reserved * storage.hbm / GB, None, reserved),
                 "Planning Memory:": ((1 - reserved) * storage.hbm / GB, storage.ddr / GB, 1 - reserved)}
@@ -371,17 +363,7 @@ def memory_problems(rows: list[str], topology: Any, reserved: float) -> list[str
                             f"bytes with {reserved:.0%} reserved give HBM {hbm:.3f} GB" + ("" if ddr is None else f", DDR {ddr:.3f} GB"))
         if int(percent.group(1)) != round(share * 100):
             problems.append(f"the stats table's {section} is {percent.group(1)}% of the HBM, the planner reserves {reserved:.0%}")
-    tiers = [(int(n), float(gb), _printed_ranks(ranks)) for n, gb, ranks in
-             (m.groups() for m in (re.search(r"Top Tier #(-?\d+) Estimated Peak HBM Pressure: ([0-9.]+) GB on ranks? (\S+)", row)
-                                   for row in rows) if m)]
-    numbers = sorted(n for n, _, _ in tiers)
-    by_number = sorted(tiers)
-    named = [rank for _, _, ranks in tiers for rank in ranks]
-    if numbers != list(range(1, len(tiers) + 1)) or any(a[1] < b[1] for a, b in zip(by_number, by_number[1:])) \
-            or len(named) != len(set(named)):
-        problems.append(f"the stats table's peak HBM pressure tiers {[(n, gb, r) for n, gb, r in tiers]} are not numbered 1, 2, ... "
-                        "from the highest, each on ranks of its own")
-    return problems
+    return problems + tier_problems(rows, topology.world_size)
 
 
 def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, world_size: int,
