@@ -110,3 +110,15 @@ def clean_run(rank_pools):
 def test_self_test_catches_the_plant_with_the_planner_check(plant, clean_run, rank_pools):
     outcome = run_plant(plant, SELFTEST, rank_pools, clean_run)
     assert (outcome.verdict, outcome.check) == ("caught", "planner"), outcome.evidence
+
+
+def test_the_planner_value_types_hold_and_a_storage_subtraction_dropping_ssd_is_caught(monkeypatch):
+    from torchrec.distributed.planner import types
+
+    from paritykit.checks.planner.value_types import value_type_case
+    from paritykit.errors import ParityError
+
+    assert value_type_case()["storage_pairs"] == 16
+    monkeypatch.setattr(types.Storage, "__sub__", lambda self, other: types.Storage(self.hbm - other.hbm, self.ddr - other.ddr))
+    with pytest.raises(ParityError, match=r"Storage\(7, 11, 13\) - Storage\(2, 3, 5\)"):
+        value_type_case()

@@ -10,6 +10,7 @@ from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
+from paritykit.checks.planner.value_types import value_type_case
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 from paritykit.dist import PoolProvider
@@ -26,7 +27,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     layouts = [host_layout(w, local_world_size(w)) for w in config.world_sizes] + list(config.hosts)
     drawn = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_CASE))
     capacity = CapacityCase()
-    results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda: run_capacity_case(capacity))]
+    results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda: run_capacity_case(capacity)),
+                                 run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case)]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
         pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
