@@ -10,8 +10,10 @@ its first lookup in that window (``get_unique``). The oracle is the plan and the
 
 The model holds an EBC (table-wise, column-wise [0, W-1, 0], row-wise, data-parallel) and an EC
 (table-wise, row-wise) under a dense layer, so DMP wraps it as a user's model is wrapped. Reads happen
-between steps, for two consumers, with torchrec's ``delete_on_read`` and ``auto_compact`` both ways;
-EMBEDDING mode tracks the EC alone (``fqns_to_skip``: an EBC's pooled output has no row per id).
+between steps, for two consumers, with torchrec's ``delete_on_read`` and ``auto_compact`` both ways.
+EMBEDDING mode tracks the EC alone (``fqns_to_skip``: an EBC's pooled output has no row per id), both
+its tables row-wise and every shard given ids in every step: a lookup of no ids fails inside torchrec
+there (the known issue delta-tracker-embedding-empty-lookup, run by dmp_known_broken.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The sharding check's DMP and collectives block: the pinned DMP cases (dmp_cases.py) and torchrec's
-pooled collectives on their own (collective_cases.py), its collective control flow (leader_cases.py), its collective validation (validation_cases.py), its model delta tracker
-(delta_tracker_cases.py), DMP.reshard with optimizer state
-(dmp_reshard_cases.py) at every world size of two ranks or more, and the known-broken DMP configurations (dmp_known_broken.py) once, on the
-smallest such world size. One rank has nothing to communicate: torchrec's collectives return early there."""
+"""The sharding check's DMP and collectives block, at every world size of two ranks or more: the pinned
+DMP cases (dmp_cases.py), torchrec's pooled collectives on their own (collective_cases.py), its
+collective control flow (leader_cases.py), its collective validation (validation_cases.py), its model
+delta tracker (delta_tracker_cases.py), DMP.reshard with optimizer state (dmp_reshard_cases.py); and
+the known-broken DMP configurations (dmp_known_broken.py) once, on the smallest such world size. One
+rank has nothing to communicate: torchrec's collectives return early there."""
 
 from __future__ import annotations
 
