@@ -41,3 +41,18 @@ def test_a_torchrec_without_collective_validation_is_a_harness_error(monkeypatch
     monkeypatch.delattr(collective_utils, "validate_collectives_enabled")
     with pytest.raises(HarnessError, match="debug_checks: this torchrec has no collective validation"):
         DmpOptions(debug_checks=True).check(3, "sgd")
+
+
+@pytest.mark.world_size(2)
+def test_the_validation_and_tracker_cases_on_a_torchrec_without_them_are_harness_errors(rank_pool, monkeypatch):
+    from torchrec.distributed import collective_utils
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from paritykit.checks.sharding.delta_tracker_cases import run_tracker_case, tracker_cases
+
+    monkeypatch.delattr(collective_utils, "validate_collectives_enabled")
+    monkeypatch.delattr(DistributedModelParallel, "init_torchrec_delta_tracker")
+    with pytest.raises(HarnessError, match="no TORCHREC_VALIDATE_COLLECTIVES"):
+        run_validation_case(ValidationCase(2), rank_pool)
+    with pytest.raises(HarnessError, match="no init_torchrec_delta_tracker"):
+        run_tracker_case(tracker_cases(2)[0], rank_pool)

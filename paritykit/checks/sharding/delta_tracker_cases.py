@@ -202,8 +202,12 @@ def tracker_plan(case: TrackerCase) -> Any:
 
 
 def run_tracker_case(case: TrackerCase, pool: Any) -> dict[str, Any]:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
     if pool.world_size != case.world_size or case.world_size < 2:
         raise HarnessError(f"case needs world size {case.world_size} (two or more), the pool has {pool.world_size}")
+    if not hasattr(DistributedModelParallel, "init_torchrec_delta_tracker"):
+        raise HarnessError("delta tracker: this torchrec's DistributedModelParallel has no init_torchrec_delta_tracker")
     plan = tracker_plan(case)
     return compare_reads(case, plan, pool.call(run_tracker_case_on_rank, (case, plan), case=case.case_id()))
 

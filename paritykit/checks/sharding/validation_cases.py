@@ -83,8 +83,12 @@ def run_validation_case_on_rank(case: ValidationCase) -> dict[str, Any]:
 
 def run_validation_case(case: ValidationCase, pool: Any) -> dict[str, Any]:
     """ParityError naming the rank that was not told of the mismatch, or told of something else."""
+    from torchrec.distributed import collective_utils
+
     if pool.world_size != case.world_size or case.world_size < 2:
         raise HarnessError(f"case needs world size {case.world_size} (two or more), the pool has {pool.world_size}")
+    if not hasattr(collective_utils, "validate_collectives_enabled"):
+        raise HarnessError("collective validation: this torchrec has no TORCHREC_VALIDATE_COLLECTIVES (collective_utils.validate_collectives_enabled)")
     per_rank = pool.call(run_validation_case_on_rank, (case,), case=case.case_id())
     problems = []
     for rank, seen in enumerate(per_rank):
