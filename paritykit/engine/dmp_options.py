@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from paritykit.engine.resharding import reshard
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.dmp import dense_parameters
 
 # The hyper-parameters fbgemm's update_hyper_parameters takes that the reference's optimizers share.
@@ -278,8 +278,6 @@ def _require_validation_on() -> None:
     """DistributedModelParallel's constructor turns collective validation on where the variable says so."""
     from torchrec.distributed import collective_utils
 
-    from paritykit.errors import ParityError
-
     if not collective_utils.validate_collectives_enabled():
         raise ParityError(f"{VALIDATE_COLLECTIVES}=1, yet DistributedModelParallel left collective validation off "
                           "(collective_utils.validate_collectives_enabled() is False after its constructor)")
@@ -312,7 +310,6 @@ def dmp_planned(model: nn.Module, world_size: int, ranks_per_host: int, device: 
 
 def _require_same_plan(actual: Any, expected: Any) -> None:
     """ParityError naming each table whose placement in DMP's own plan is not the planner's."""
-    from paritykit.errors import ParityError
     from paritykit.harness.plans import placements_of
 
     got, wanted = placements_of(actual), placements_of(expected)

@@ -22,6 +22,7 @@ import torch
 
 from paritykit.errors import expect
 
+
 def _torch_bits(dtype: torch.dtype) -> int | None:
     """torch's width of a dtype in bits; None for the quantized ones (iinfo gives a packed one's byte)."""
     if dtype in (torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4):

@@ -37,8 +37,7 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
     problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems + estimate_problems(case)
     if pool.device != "cuda":
         # The same model planned for GPU ranks (planning needs no GPU): held to the same rules.
-        gpu_plan, gpu_report = plan_case(case, make(), "cuda")
-        problems += [f"planned for cuda: {p}" for p in plan_problems(case, gpu_plan, kernels_offered(case.module, "cuda")) + gpu_report]
+        problems += [f"planned for cuda: {p}" for p in _cuda_plan(case)[1]]
     if problems:
         raise ParityError(f"{case.describe()}\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
     setup = build_setup(make, plan, batches_of(case), embedding_optimizer=case.optimizer, seed=case.seed,
@@ -47,17 +46,26 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
     record = assemble_records(pool.call(train_on_rank, (setup,), case=case.case_id()))
     metrics = compare_records(record, reference, default_tolerance(exact_first_lookups=case.module == "ec"),
                               case.describe(), where_for(setup))
-    planned = {name: sharding.sharding_type for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
-    return {**metrics, "plan_shape": f"{case.module}/{case.hosts}/" + "+".join(sorted(planned.values()))}
+    return {**metrics, "plan_shape": f"{case.module}/{case.hosts}/{_sharding_types(plan)}"}
+
+
+def _cuda_plan(case: PlannerCase) -> tuple[Any, list[str]]:
+    """The case planned for GPU ranks (planning needs no GPU) and every rule the plan or its report breaks."""
+    plan, report = plan_case(case, model_fn(case)(), "cuda")
+    return plan, plan_problems(case, plan, kernels_offered(case.module, "cuda")) + report
+
+
+def _sharding_types(plan: Any) -> str:
+    """The plan's sharding types, one per table, sorted and joined: 'row_wise+table_wise'."""
+    return "+".join(sorted(sharding.sharding_type for module_plan in plan.plan.values() for sharding in module_plan.values()))
 
 
 def run_gpu_plan_case(case: PlannerCase) -> dict[str, Any]:
     """A case whose constraints name placements torchrec's sharders offer GPU ranks only (table-row-wise,
     grid, an EBC row-wise): planned for cuda (planning needs no GPU) and held to the plan's rules. It
     cannot train here."""
-    plan, report = plan_case(case, model_fn(case)(), "cuda")
-    problems = plan_problems(case, plan, kernels_offered(case.module, "cuda")) + report
+    plan, problems = _cuda_plan(case)
     if problems:
         raise ParityError(f"{case.describe()} planned for cuda\n  torchrec's planner broke the plan's rules:\n    " + "\n    ".join(problems))
-    planned = {name: sharding.sharding_type for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
-    return {"tables": len(planned), "plan_shape": f"{case.module}/{case.hosts}/cuda/" + "+".join(sorted(planned.values()))}
+    return {"tables": sum(len(module_plan) for module_plan in plan.plan.values()),
+            "plan_shape": f"{case.module}/{case.hosts}/cuda/{_sharding_types(plan)}"}

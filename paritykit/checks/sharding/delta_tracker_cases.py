@@ -123,15 +123,15 @@ def _kjt(rows: dict[str, list[list[int]]], tables: tuple[TableSpec, ...]) -> Any
 def run_tracker_case_on_rank(case: TrackerCase, plan: Any) -> list[dict[str, tuple[list[int], list[list[float]] | None]]]:
     """Each read's {table fqn: (ids, states or None)} on this rank, in read order."""
     import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.model_tracker.types import DeltaTrackerConfig, TrackingMode
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from paritykit.engine.dmp_options import DmpOptions
 
     rank, model = dist.get_rank(), BagsAndSequences(case.seed)
     for module in (model.ebc, model.ec):
         apply_optimizer_in_backward(torch.optim.SGD, module.parameters(), {"lr": float(case.world_size)})
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"), plan=plan)
+    dmp = DmpOptions().sharded(lambda: model, plan, torch.device("cpu"))
     config = DeltaTrackerConfig(tracking_mode=TrackingMode[case.mode], consumers=case.consumers, delete_on_read=case.delete_on_read,
                                 auto_compact=case.auto_compact, fqns_to_skip=["ebc"] if case.mode == "EMBEDDING" else [])
     tracker = dmp.init_torchrec_delta_tracker(config)

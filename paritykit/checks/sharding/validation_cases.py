@@ -56,12 +56,11 @@ def run_validation_case_on_rank(case: ValidationCase) -> dict[str, Any]:
     """What the rank saw: the error its lookup raised (None if it returned) and whether validation was on."""
     import torch.distributed as dist
     from torchrec.distributed import collective_utils
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.distributed.types import ShardingPlan
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from paritykit.engine.dmp_options import torchrec_debug_checks
+    from paritykit.engine.dmp_options import DmpOptions, torchrec_debug_checks
 
     rank = dist.get_rank()
     feature = FEATURES[rank % 2]
@@ -69,8 +68,7 @@ def run_validation_case_on_rank(case: ValidationCase) -> dict[str, Any]:
         model = TwoBags()
         plan = ShardingPlan({name: construct_module_sharding_plan(getattr(model, name), {f"t_{name}": table_wise(rank=0)})
                              for name in FEATURES})
-        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
-                                       plan=plan)
+        dmp = DmpOptions().sharded(lambda: model, plan, torch.device("cpu"))
         enabled = collective_utils.validate_collectives_enabled()
         batch = KeyedJaggedTensor.from_lengths_sync(keys=[feature], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
         try:
