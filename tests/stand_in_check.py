@@ -39,6 +39,7 @@ def torchrec_defect():
 
 
 def _case_b(outcome):
+    RAN.append("case-b")
     if outcome == "fail":
         raise ParityError("first line\nsecond line")
     if outcome == "empty":

@@ -3,7 +3,7 @@
 from hypothesis import strategies as st
 
 from paritykit.checks.results import short_case_id
-from paritykit.checks.runner import GateConfig, result_from_exception, run_property
+from paritykit.checks.runner import NOT_RUN_ANSWERED, GateConfig, result_from_exception, run_case, run_property, stop_once
 from paritykit.errors import HarnessError, ParityError, RankFailure, UnsupportedByTorchrec
 
 
@@ -42,6 +42,23 @@ def test_unsupported_is_reported_apart_from_failures_and_explicit_examples_run_f
 def test_without_shrinking_the_first_failure_is_reported():
     results = run_property("demo", st.just(900), body, GateConfig(examples=2, shrink=False))
     assert [r.case_id for r in results if r.status == "fail"] == ["900"]
+
+
+def test_once_a_result_answers_the_run_the_cases_after_it_are_not_run():
+    ran = []
+
+    def recording(value):
+        ran.append(value)
+        return body(value)
+
+    with stop_once(lambda r: r.status == "fail") as run:
+        results = run_property("demo", st.integers(0, 1000), recording, GateConfig(examples=20, shrink=False), explicit=(3, 60, 4))
+        after = run_case("demo", "later", GateConfig(), lambda: ran.append("later"))
+    assert run.hit and ran == [3, 60]
+    assert [(r.case_id, r.status) for r in results] == [("3", "pass"), ("60", "fail")]
+    assert after.status == "skip" and after.message == NOT_RUN_ANSWERED
+    # Outside the block every case runs again.
+    assert run_case("demo", "later", GateConfig(), lambda: ran.append("later")).status == "pass" and ran[-1] == "later"
 
 
 def test_exception_kinds_map_to_statuses():

@@ -16,6 +16,7 @@ from paritykit.checks import CHECK_PACKAGES
 from paritykit.checks.results import short_case_id
 from paritykit.checks.runner import GateConfig
 from paritykit.gate import cli
+from paritykit.gate.gating import run_checks
 from paritykit.gate.selftest import NOT_CAUGHT_SAME_WAY, run_clean, run_plant
 from stand_in_check import FAIL_ABOVE_ENV, METRIC_ENV, OUTCOME_ENV
 
@@ -153,6 +154,7 @@ _DRIVER = """
 import sys, contextlib
 from paritykit.checks import CHECK_PACKAGES
 from paritykit.gate import cli
+from paritykit.gate.gating import run_checks
 CHECK_PACKAGES["stand-in"] = "stand_in_check"
 if sys.argv[1] == "unguarded":
     cli.hypothesis_storage_outside_cwd = contextlib.nullcontext
@@ -179,10 +181,32 @@ def test_selftest_counts_a_plant_only_when_the_clean_run_does_not_fail_the_same_
     config = GateConfig(world_sizes=(2,), examples=2, shrink=False)
     clean = run_clean("stand-in", config, pools=None)
     assert [r.status for r in clean.results] == ["pass", "fail"]
+    stand_in_check.RAN.clear()
     same = run_plant("stand-in-changes-nothing", config, None, clean)
     assert same.verdict == NOT_CAUGHT_SAME_WAY and same.evidence == "first line"
+    assert stand_in_check.RAN == ["case-a", "case-b"]  # no new failure: the whole check ran
+    stand_in_check.RAN.clear()
     caught = run_plant("stand-in-breaks-case-a", config, None, clean)
     assert caught.verdict == "caught" and caught.evidence == "case-a broken by a plant"
+    assert stand_in_check.RAN == ["case-a"]  # its first new failure answered: case-b did not run
+
+
+def test_a_planted_failure_the_known_issues_excuse_gets_the_whole_check_run_again(monkeypatch, tmp_path):
+    from paritykit.gate import selftest
+
+    monkeypatch.setitem(CHECK_PACKAGES, "stand-in", "stand_in_check")
+    monkeypatch.setenv(OUTCOME_ENV, "fail")
+    known = tmp_path / "known.toml"
+    known.write_text('[[issue]]\ncheck = "stand-in"\ncase = "case-a"\nreason = "listed"\nversions = { torch = "*" }\n')
+    monkeypatch.setattr(selftest, "run_checks", lambda names, config, pools: run_checks(names, config, pools, known))
+    config = GateConfig(world_sizes=(2,), examples=2, shrink=False)
+    clean = run_clean("stand-in", config, pools=None)
+    stand_in_check.RAN.clear()
+    outcome = run_plant("stand-in-breaks-case-a", config, None, clean)
+    # The first run stopped at case-a's failure, which the known issues then excused: the verdict is the
+    # whole run's, where case-b fails as in the clean run.
+    assert stand_in_check.RAN == ["case-a", "case-a", "case-b"]
+    assert outcome.verdict == NOT_CAUGHT_SAME_WAY
 
 
 def test_a_real_check_draws_the_same_cases_for_the_same_seed_and_replays_one_alone(rank_pools):

@@ -23,8 +23,15 @@ from paritykit.gate.mutant_run import INCOMPETENT, KILLED, choose_cases, run_mut
 from paritykit.gate.mutants import Mutant, MutantChange  # noqa: E402
 from paritykit.gate.mutate import covered_lines  # noqa: E402
 
-# One host: the cross-host pool (four ranks) would double the run for no line these tests need.
+# One host (the cross-host pool would double the run for no line these tests need), and one pinned
+# case: an EBC with column-wise, table-column-wise and table-wise tables on two ranks.
 RUN = ["--check", "sharding", "--world-size", "2", "--hosts", "none", "--examples", "1", "--seed", "0"]
+
+
+def _one_pinned_case() -> str:
+    from paritykit.checks.sharding.pinned import pinned_cases
+
+    return next(c for c in pinned_cases(2) if c.module == "ebc" and ("table_column_wise", (0, 1, 0)) in c.plan.values()).case_id()
 
 
 def _paritykit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -35,14 +42,15 @@ def _paritykit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def coverage_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("coverage")
-    done = _paritykit("coverage", *RUN, "--report", str(out), "--no-html")
+    done = _paritykit("coverage", *RUN, "--case", _one_pinned_case(), "--report", str(out), "--no-html")
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
 
 def test_coverage_records_each_case_and_the_ranks_lines_under_it(coverage_dir):
     gate, cases = load_cases(coverage_dir)
-    assert gate["world_sizes"] == [2] and cases and all(c.check == "sharding" for c in cases)
+    assert gate["world_sizes"] == [2] and gate["cases"] == [_one_pinned_case()]
+    assert [c.case_id for c in cases] == [_one_pinned_case()] and cases[0].check == "sharding"
     passing = {c.label for c in cases if c.status == "pass"}
     covered = covered_lines(coverage_dir, cases)
     # The sharded EBC runs only on the ranks; its lines carry the labels of the caller's cases.

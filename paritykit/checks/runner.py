@@ -24,6 +24,8 @@ from paritykit.harness.patching import replaced
 Metrics = dict[str, Any]
 # The status of a case that ``--case`` did not select: never run, dropped by the gate.
 NOT_SELECTED = "not selected by --case"
+# The status of a case after a ``stop_once`` run had its answer: never run, dropped by the gate.
+NOT_RUN_ANSWERED = "not run: the run already had its answer"
 NOT_UNDER_TORCHRUN = (
     "not run under torchrun: this known-broken case fails inside torchrec on some ranks while the others wait "
     "in a collective, and only paritykit's own rank pool can tear such ranks down (torchrun's would wait out the "
@@ -137,23 +139,56 @@ def result_from_exception(check: str, case_id: str, replay: str, exc: BaseExcept
                       configuration=configuration_json(getattr(exc, "configuration", None)))
 
 
+class _Answered:
+    """A run that stops once a case's result answers its question (``stop_once``)."""
+
+    def __init__(self, answers: Callable[[CaseResult], bool]) -> None:
+        self.answers, self.hit = answers, False
+
+
+_ANSWERED: list[_Answered] = []  # the active one, if any
+
+
+@contextlib.contextmanager
+def stop_once(answers: Callable[[CaseResult], bool]) -> Iterator[_Answered]:
+    """Within: once a case's result satisfies ``answers``, the cases after it are not run (the gate drops
+    them). A planted run of the self-test needs one failure the clean run lacks, not the whole check;
+    ``.hit`` tells whether the run stopped early."""
+    answered = _Answered(answers)
+    _ANSWERED.append(answered)
+    try:
+        yield answered
+    finally:
+        _ANSWERED.remove(answered)
+
+
+def stopped_early() -> bool:
+    return any(a.hit for a in _ANSWERED)
+
+
 def run_case(check: str, case_id: str, config: GateConfig, body: Callable[[], Metrics | None]) -> CaseResult:
     """Run one fixed case: ``body()`` returns metrics (a pass) or raises (mapped by result_from_exception).
 
-    A case that ``config.case`` does not select is not run (its result says so; the gate drops it).
+    A case that ``config.case`` does not select is not run (its result says so; the gate drops it), nor
+    is one after a ``stop_once`` run had its answer.
     """
     replay = config.replay(check, case_id)
     if not config.selects(check, case_id):
         return CaseResult(check, case_id, "skip", replay=replay, message=NOT_SELECTED)
+    if stopped_early():
+        return CaseResult(check, case_id, "skip", replay=replay, message=NOT_RUN_ANSWERED)
     started = time.perf_counter()
     try:
         with case_scope(f"{check}|{short_case_id(check, case_id)}"):
             metrics = body() or {}
+        result = CaseResult(check, case_id, "pass", replay=replay, metrics=metrics, duration_s=time.perf_counter() - started)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - every outcome becomes a result
-        return result_from_exception(check, case_id, replay, exc, started)
-    return CaseResult(check, case_id, "pass", replay=replay, metrics=metrics, duration_s=time.perf_counter() - started)
+        result = result_from_exception(check, case_id, replay, exc, started)
+    for answered in _ANSWERED:
+        answered.hit = answered.hit or answered.answers(result)
+    return result
 
 
 def run_known_broken_case(check: str, case_id: str, config: GateConfig, pool: Any, body: Callable[[], Metrics | None]) -> CaseResult:
@@ -179,7 +214,7 @@ class _Examples:
 
     def run(self, spec: Any) -> None:
         cid = self.case_id(spec)
-        if not self.config.selects(self.check, cid):
+        if not self.config.selects(self.check, cid) or stopped_early():
             return  # generated (so the sequence of cases is the same) but not run
         # A case seen already is not run again (hypothesis replays the failing one at the end).
         done = self.results.get(cid) or next((f for f in self.failures if f.case_id == cid), None)

@@ -99,6 +99,7 @@ def _config_json(config: GateConfig, names: list[str]) -> dict[str, Any]:
     return {"checks": names, "device": config.device, "world_sizes": list(config.world_sizes),
             "hosts": [str(layout) for layout in config.hosts],
             "examples": config.examples, "seed": config.seed, "torchrec_root": str(torchrec_dir()),
+            "cases": None if config.case is None else list((config.case,) if isinstance(config.case, str) else config.case),
             "versions": installed_versions()}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from paritykit.checks import known_issues, run_check
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig, result_from_exception
+from paritykit.checks.runner import NOT_RUN_ANSWERED, GateConfig, result_from_exception, stopped_early
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.harness.versions import installed_versions
@@ -35,6 +35,7 @@ def run_one(name: str, config: GateConfig, pools: Any, *, progress: bool = False
     except BaseException as exc:  # noqa: BLE001 - every outcome becomes a result
         results = [result_from_exception(name, "<check>", config.replay(name), exc, started)]
     results = [r for r in results if r.case_id in WHOLE_CHECK_IDS or config.selects(r.check, r.case_id)]
+    results = [r for r in results if r.message != NOT_RUN_ANSWERED]
     results += nothing_compared(name, results, config)
     if progress:
         passed = sum(r.status == "pass" for r in results)
@@ -94,5 +95,6 @@ def run_checks(
             f"no case of {', '.join(names)} has the id {config.case!r} with these arguments (seed, world sizes, "
             "examples, device): a replay must use the arguments of the run that reported the case"
         )
-    return_value = known_issues.apply(results, issues, installed_versions(), complete=config.case is None)
+    complete = config.case is None and not stopped_early()
+    return_value = known_issues.apply(results, issues, installed_versions(), complete=complete)
     return return_value.cases, return_value

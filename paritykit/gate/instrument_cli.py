@@ -1,6 +1,6 @@
 """The command lines of the two instruments that measure the checks themselves:
 
-    paritykit coverage [--check NAME ...] [--device D] [--world-size N[,M]] [--examples N] [--seed S] --report DIR
+    paritykit coverage [--check NAME ...] [--device D] [--world-size N[,M]] [--examples N] [--seed S] [--case ID ...] --report DIR
     paritykit mutate [--sample N] [--seed S] [--report DIR] [--coverage DIR] ...
 
 docs/coverage.md says what each measures and how to read it.
@@ -37,6 +37,8 @@ def add_coverage_parser(sub, *, examples: int, positive_int, world_sizes, host_l
     coverage.add_argument("--report", type=Path, default=DEFAULT_COVERAGE_DIR, metavar="DIR",
                           help=f"where the data and reports go (default: ./{DEFAULT_COVERAGE_DIR})")
     coverage.add_argument("--no-html", action="store_true", help="skip coverage.py's HTML and JSON reports")
+    coverage.add_argument("--case", action="append", default=None, metavar="ID",
+                          help="measure only this case (its short id from a report, or its full id); repeatable")
     coverage.set_defaults(handler=run_coverage_command)
 
 
@@ -51,7 +53,8 @@ def run_coverage_command(args: argparse.Namespace) -> int:
     from paritykit.checks.runner import default_hosts
 
     hosts = default_hosts() if getattr(args, "hosts", None) is None else args.hosts
-    config = GateConfig(device=device, world_sizes=args.world_size or (1, 2), hosts=hosts, examples=args.examples, seed=args.seed)
+    config = GateConfig(device=device, world_sizes=args.world_size or (1, 2), hosts=hosts, examples=args.examples, seed=args.seed,
+                        case=tuple(args.case) if args.case else None)
     names = args.check or list(CHECK_PACKAGES)
     cases = run_coverage(names, config, args.report, args.known_issues)
     if not args.no_html:

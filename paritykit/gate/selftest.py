@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from paritykit.checks import CHECK_PACKAGES, load_plants
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import DEFAULT_HOSTS, GateConfig
+from paritykit.checks.runner import DEFAULT_HOSTS, GateConfig, stop_once
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.gate.gating import run_checks
@@ -68,11 +68,16 @@ def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanR
     check, description = plant.check, plant.description
     clean = clean or run_clean(check, config, pools)
     started = time.perf_counter()
-    with plants.applied([name]):
-        results, _ = run_checks([check], config, pools)
     clean_failures = {failure_signature(r) for r in clean.results if r.status == "fail"}
+    # The run stops at its first failure the clean run lacks; should the known issues then excuse it,
+    # the whole check runs again, so the verdict is always a whole run's.
+    with plants.applied([name]), stop_once(lambda r: r.status == "fail" and failure_signature(r) not in clean_failures) as run:
+        results, _ = run_checks([check], config, pools)
+    if run.hit and not _new_failures(results, clean_failures):
+        with plants.applied([name]):
+            results, _ = run_checks([check], config, pools)
     failed = [r for r in results if r.status == "fail"]
-    new = [r for r in failed if failure_signature(r) not in clean_failures]
+    new = _new_failures(results, clean_failures)
     errors = [r for r in results if r.status == "error"]
     if new:
         verdict, evidence = "caught", _headline(new[0])
@@ -83,6 +88,10 @@ def run_plant(name: str, config: GateConfig, pools: PoolProvider, clean: "CleanR
     else:
         verdict, evidence = "missed", f"{len(results)} cases passed"
     return PlantOutcome(name, check, description, verdict, time.perf_counter() - started, evidence[:160])
+
+
+def _new_failures(results: list[CaseResult], clean_failures: set[tuple[str, str]]) -> list[CaseResult]:
+    return [r for r in results if r.status == "fail" and failure_signature(r) not in clean_failures]
 
 
 def _headline(case: CaseResult) -> str:
