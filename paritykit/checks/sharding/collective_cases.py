@@ -7,6 +7,11 @@ modules call only on uneven or NCCL-only paths.
     reduce-scatter:  out[r] = sum over ranks s of chunk r of in[s];   grad in[s] chunk r = up[r] / D
     all-gather:      out = concat over ranks s of in[s];             grad in[s] = sum over r of up[r] chunk s / D
 with D the world size while gradient division is on, else 1.
+
+On a pool of four ranks the same collectives also run on torchrec's kind of subgroups: the ranks split
+into strided groups ({0, 2} and {1, 3}, a cross-host group of two hosts), each group calling them on its
+own process group, where "the world" above is the group (its size, its members in rank order). A
+collective that falls back to the default group sees four ranks where it should see two.
 """
 
 from __future__ import annotations
@@ -31,10 +36,17 @@ class CollectiveCase:
     world_size: int
     sync: bool
     division: bool
+    # Each rank's process group: () the world, else groups of ranks covering it (dist.new_subgroups_by_enumeration).
+    groups: tuple[tuple[int, ...], ...] = ()
 
     def describe(self) -> str:
-        return (f"collectives {'/'.join(self.operations())} world_size={self.world_size} "
+        on = f" groups={[list(g) for g in self.groups]}" if self.groups else ""
+        return (f"collectives {'/'.join(self.operations())} world_size={self.world_size}{on} "
                 f"sync_collectives={self.sync} gradient_division={self.division}")
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        """The ranks ``rank`` calls the collectives with, in rank order."""
+        return next((g for g in self.groups if rank in g), tuple(range(self.world_size)))
 
     def case_id(self) -> str:
         return self.describe()
@@ -47,6 +59,17 @@ class CollectiveCase:
 
 def collective_cases(world_size: int) -> tuple[CollectiveCase, ...]:
     return tuple(CollectiveCase(world_size, sync, division) for sync in (False, True) for division in (True, False))
+
+
+SUBGROUP_WORLD_SIZE = 4
+
+
+def subgroup_collective_cases(world_size: int) -> tuple[CollectiveCase, ...]:
+    """The collectives on strided groups of two ranks, on a pool of four (none on another size)."""
+    if world_size != SUBGROUP_WORLD_SIZE:
+        return ()
+    groups = ((0, 2), (1, 3))
+    return tuple(CollectiveCase(world_size, sync, division, groups) for sync in (False, True) for division in (True, False))
 
 
 def rows_per_rank(world_size: int) -> list[int]:
@@ -63,19 +86,18 @@ def _upstream(op: str, rank: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=generator("collective-upstream", op, rank, shape))
 
 
-def _call(op: str, tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+def _call(op: str, tensor: torch.Tensor, pg: Any, group_size: int) -> torch.Tensor:
     """The list reduce-scatter and the flat one straight from comm_ops; the uneven one and the all-gather
     through the dist_data modules that wrap them (PooledEmbeddingsReduceScatter, PooledEmbeddingsAllGather)."""
-    import torch.distributed as dist
     from torchrec.distributed import comm_ops, dist_data
 
     if op == "reduce_scatter_pooled":
-        return comm_ops.reduce_scatter_pooled(list(tensor.split(2))).wait()
+        return comm_ops.reduce_scatter_pooled(list(tensor.split(2)), pg).wait()
     if op == "reduce_scatter_v_pooled":
-        return dist_data.PooledEmbeddingsReduceScatter(dist.group.WORLD)(tensor, rows_per_rank(world_size)).wait()
+        return dist_data.PooledEmbeddingsReduceScatter(pg)(tensor, rows_per_rank(group_size)).wait()
     if op == "all_gather_base_pooled":
-        return dist_data.PooledEmbeddingsAllGather(dist.group.WORLD)(tensor).wait()
-    return comm_ops.reduce_scatter_base_pooled(tensor).wait()
+        return dist_data.PooledEmbeddingsAllGather(pg)(tensor).wait()
+    return comm_ops.reduce_scatter_base_pooled(tensor, pg).wait()
 
 
 def run_collectives_on_rank(case: CollectiveCase) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -83,35 +105,51 @@ def run_collectives_on_rank(case: CollectiveCase) -> dict[str, tuple[torch.Tenso
     import torch.distributed as dist
 
     rank = dist.get_rank()
+    # Every rank makes every group (a collective of the world), then calls with its own.
+    pg = dist.new_subgroups_by_enumeration([list(g) for g in case.groups])[0] if case.groups else dist.group.WORLD
+    size = len(case.group_of(rank))
     found = {}
-    with DmpOptions(sync_collectives=case.sync, gradient_division=case.division).on_rank():
-        for op in case.operations():
-            tensor = _input(op, rank, case.world_size).requires_grad_(True)
-            output = _call(op, tensor, case.world_size)
-            output.backward(_upstream(op, rank, tuple(output.shape)))
-            found[op] = (output.detach().clone(), tensor.grad.detach().clone())
+    try:
+        with DmpOptions(sync_collectives=case.sync, gradient_division=case.division).on_rank():
+            for op in case.operations():
+                tensor = _input(op, rank, size).requires_grad_(True)
+                output = _call(op, tensor, pg, size)
+                output.backward(_upstream(op, rank, tuple(output.shape)))
+                found[op] = (output.detach().clone(), tensor.grad.detach().clone())
+    finally:
+        if case.groups:
+            dist.destroy_process_group(pg)
     return found
 
 
 def expected_collectives(case: CollectiveCase) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """The hand computation: per rank {op: (output, gradient of the input)}."""
-    world, scale = case.world_size, (1.0 / case.world_size if case.division else 1.0)
-    per_rank: list[dict[str, Any]] = [{} for _ in range(world)]
+    """The hand computation: per rank {op: (output, gradient of the input)}, each group on its own."""
+    per_rank: list[dict[str, Any]] = [{} for _ in range(case.world_size)]
+    for group in dict.fromkeys(case.group_of(rank) for rank in range(case.world_size)):
+        for rank, found in zip(group, _expected_in_group(case, group)):
+            per_rank[rank] = found
+    return per_rank
+
+
+def _expected_in_group(case: CollectiveCase, group: tuple[int, ...]) -> list[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Per member of ``group``, in its order."""
+    world, scale = len(group), (1.0 / len(group) if case.division else 1.0)
+    per_member: list[dict[str, Any]] = [{} for _ in group]
     for op in case.operations():
-        inputs = [_input(op, rank, world) for rank in range(world)]
+        inputs = [_input(op, rank, world) for rank in group]
         if op == "all_gather_base_pooled":
             output = torch.cat(inputs)
-            ups = [_upstream(op, rank, tuple(output.shape)) for rank in range(world)]
+            ups = [_upstream(op, rank, tuple(output.shape)) for rank in group]
             total = torch.stack(ups).sum(0)
-            for rank in range(world):
-                per_rank[rank][op] = (output, total.split(inputs[0].shape[0])[rank] * scale)
+            for at in range(world):
+                per_member[at][op] = (output, total.split(inputs[0].shape[0])[at] * scale)
             continue
         sizes = rows_per_rank(world) if op == "reduce_scatter_v_pooled" else [2] * world
-        outputs = [torch.stack([x.split(sizes)[rank] for x in inputs]).sum(0) for rank in range(world)]
-        ups = [_upstream(op, rank, tuple(outputs[rank].shape)) for rank in range(world)]
-        for rank in range(world):
-            per_rank[rank][op] = (outputs[rank], torch.cat(ups) * scale)
-    return per_rank
+        outputs = [torch.stack([x.split(sizes)[at] for x in inputs]).sum(0) for at in range(world)]
+        ups = [_upstream(op, rank, tuple(outputs[at].shape)) for at, rank in enumerate(group)]
+        for at in range(world):
+            per_member[at][op] = (outputs[at], torch.cat(ups) * scale)
+    return per_member
 
 
 def run_collective_case(case: CollectiveCase, pool: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The sharding check's DMP and collectives block, at every world size of two ranks or more: the pinned
-DMP cases (dmp_cases.py), torchrec's pooled collectives on their own (collective_cases.py), its
+DMP cases (dmp_cases.py), torchrec's pooled collectives on their own (collective_cases.py; on subgroups
+too, on the pools of several hosts), its
 collective control flow (leader_cases.py), its collective validation (validation_cases.py), its model
 delta tracker (delta_tracker_cases.py), DMP.reshard with optimizer state (dmp_reshard_cases.py); and
 the known-broken DMP configurations (dmp_known_broken.py) once, on the smallest such world size. One
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case
-from paritykit.checks.sharding.collective_cases import collective_cases, run_collective_case
+from paritykit.checks.sharding.collective_cases import collective_cases, run_collective_case, subgroup_collective_cases
 from paritykit.checks.sharding.delta_tracker_cases import run_tracker_case, tracker_cases
 from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
 from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
@@ -42,6 +43,12 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
         for validation in validation_cases(world_size):
             results.append(run_case(check, validation.case_id(), config,
                                     lambda validation=validation, pool=pool: run_validation_case(validation, pool)))
+    # The collectives again on subgroups, on the pools that stand for several hosts.
+    for hosts in config.hosts:
+        pool = pools.get(hosts.world_size, ranks_per_host=hosts.ranks_per_host)
+        for collective in subgroup_collective_cases(hosts.world_size):
+            results.append(run_case(check, collective.case_id(), config,
+                                    lambda collective=collective, pool=pool: run_collective_case(collective, pool)))
     known_broken: list[CaseResult] = []
     if sizes:
         pool = pools.get(min(sizes))
