@@ -71,3 +71,21 @@ def test_without_the_shim_torchrecs_reshard_waits_forever_on_gloo():
         if len(set(pool.run(rank_tags))) == 1:
             pytest.skip("these ranks share PYTHONHASHSEED: torchrec's tags agree here")
         pool.call(_reshard_with_torchrecs_own_tags, (dmp_setup(RESHARD),), timeout=30)
+
+
+def test_the_dmp_block_runs_the_reshards_of_three_ranks_and_the_subgroup_collectives_on_the_pool_of_two_hosts(rank_pools):
+    from paritykit.checks.runner import GateConfig
+    from paritykit.checks.sharding.collective_cases import subgroup_collective_cases
+    from paritykit.checks.sharding.dmp_matrix import run_dmp_matrix
+    from paritykit.checks.sharding.dmp_reshard_cases import reshards_beyond_two_ranks
+    from paritykit.harness.hosts import HostLayout
+
+    split = next(case for case in reshards_beyond_two_ranks(4) if case.name == "reshard-split")
+    collectives = subgroup_collective_cases(4)
+    assert {case.groups for case in collectives} == {((0, 2), (1, 3))} and len(collectives) == 4
+    wanted = (split.case_id(),) + tuple(case.case_id() for case in collectives)
+    config = GateConfig(world_sizes=(1,), hosts=(HostLayout(2, 2),), examples=1, case=wanted)  # no pool of two ranks to start
+    results, _ = run_dmp_matrix("sharding", config, rank_pools)
+    ran = {r.case_id: r.status for r in results if r.case_id in wanted}
+    assert ran == dict.fromkeys(wanted, "pass")
+    assert reshards_beyond_two_ranks(2) == () and {c.name for c in reshards_beyond_two_ranks(3)} == {"reshard-several-shards", "reshard-split"}

@@ -52,6 +52,11 @@ def reshard_cases(world_size: int) -> tuple[DmpCase, ...]:
     return tuple(cases)
 
 
+def reshards_beyond_two_ranks(world_size: int) -> tuple[DmpCase, ...]:
+    """The cases that need three ranks or more (none below)."""
+    return tuple(case for case in reshard_cases(world_size) if case.name != "reshard-rowwise") if world_size >= 3 else ()
+
+
 def split_before() -> dict[str, tuple]:
     """2 column blocks of t0 (ranks 0, 1) and 3 of t1 ([0, 1, 0]) before the move."""
     return {"t0": ("column_wise", (0, 1)), "t1": ("column_wise", (0, 1, 0)), "t2": ("table_wise", 0)}
