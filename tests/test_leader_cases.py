@@ -44,3 +44,24 @@ def test_a_wrong_rank_result_is_caught(rank_pool, change, words):
     change(changed)
     with pytest.raises(ParityError, match=re.escape(words)):
         run_leader_case(case, SimpleNamespace(world_size=2, call=lambda *args, **kwargs: changed))
+
+
+def test_on_strided_subgroups_every_member_gets_its_group_leaders_result_unless_the_known_issue_stands(rank_pools):
+    from paritykit.checks import known_issues
+    from paritykit.checks.results import CaseResult
+    from paritykit.checks.sharding.leader_cases import subgroup_leader_cases
+    from paritykit.harness.versions import installed_versions
+
+    entry = next(i for i in known_issues.load() if i.id == "collective-utils-subgroup-leader-as-global-rank")
+    pool = rank_pools.get(4, ranks_per_host=2)
+    cases = subgroup_leader_cases(4)
+    assert [c.leader for c in cases] == [0, 1] and subgroup_leader_cases(2) == ()
+    for case in cases:
+        assert entry.matches(CaseResult("sharding", case.case_id(), "fail"))
+        if entry.standing(installed_versions()) == "applies":  # torchrec 1.8: the leader's group rank read as a global rank
+            with pytest.raises(ParityError, match=r"is not part of group .*\(in distributed/collective_utils.py"):
+                run_leader_case(case, pool)
+        else:
+            assert run_leader_case(case, pool) == {"ranks": 4, "leader": case.leader, "calls": 3}
+    # The world group's cases do not match the entry.
+    assert not entry.matches(CaseResult("sharding", leader_cases(2)[0].case_id(), "fail"))

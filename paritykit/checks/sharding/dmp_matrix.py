@@ -3,8 +3,8 @@ DMP cases (dmp_cases.py), torchrec's pooled collectives on their own (collective
 collective control flow (leader_cases.py), its collective validation (validation_cases.py), its model
 delta tracker (delta_tracker_cases.py), DMP.reshard with optimizer state (dmp_reshard_cases.py); and
 the known-broken DMP configurations (dmp_known_broken.py) once, on the smallest such world size. On the
-pools that stand for several hosts: the reshards of three ranks and more, and the collectives on
-subgroups. One rank has nothing to communicate: torchrec's collectives return early there."""
+pools that stand for several hosts: the reshards of three ranks and more, and the collectives and the
+control flow on subgroups. One rank has nothing to communicate: torchrec's collectives return early there."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paritykit.checks.sharding.dmp_cases import dmp_cases, run_dmp_case
 from paritykit.checks.sharding.dmp_known_broken import known_broken_dmp_cases
 from paritykit.checks.sharding.dmp_reshard_cases import reshard_cases, reshards_beyond_two_ranks
 from paritykit.checks.sharding.dmp_surface import run_surface_case, surface_cases
-from paritykit.checks.sharding.leader_cases import leader_cases, run_leader_case
+from paritykit.checks.sharding.leader_cases import leader_cases, run_leader_case, subgroup_leader_cases
 from paritykit.checks.sharding.validation_cases import run_validation_case, validation_cases
 from paritykit.dist import PoolProvider
 
@@ -45,7 +45,7 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
                                     lambda validation=validation, pool=pool: run_validation_case(validation, pool)))
     # On the pools that stand for several hosts: the reshards of three ranks and more (a rank sending a second
     # local shard, a column block split between two new ones, transfers within and across hosts) unless a
-    # world size drew them already, and the collectives on subgroups.
+    # world size drew them already, and the collectives and the control flow on subgroups.
     for hosts in config.hosts:
         pool = pools.get(hosts.world_size, ranks_per_host=hosts.ranks_per_host)
         if not any(reshards_beyond_two_ranks(w) for w in sizes):
@@ -54,6 +54,8 @@ def run_dmp_matrix(check: str, config: GateConfig, pools: PoolProvider) -> tuple
         for collective in subgroup_collective_cases(hosts.world_size):
             results.append(run_case(check, collective.case_id(), config,
                                     lambda collective=collective, pool=pool: run_collective_case(collective, pool)))
+        for leader in subgroup_leader_cases(hosts.world_size):
+            results.append(run_case(check, leader.case_id(), config, lambda leader=leader, pool=pool: run_leader_case(leader, pool)))
     known_broken: list[CaseResult] = []
     if sizes:
         pool = pools.get(min(sizes))
