@@ -202,6 +202,27 @@ def test_estimates_follow_ids_bags_and_rows_and_a_changed_one_is_caught(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_backward_compute_follows_the_topologys_multiplier_and_a_changed_one_is_caught(device):
+    from torchrec.distributed.planner.constants import BWD_COMPUTE_MULTIPLIER
+
+    from paritykit.checks.planner.estimate_rules import bwd_multiplier_problems
+    from paritykit.checks.planner.planning import enumerated
+
+    case = pinned_cases(2, 2)[0]
+    base = enumerated(case, device, 512, False, (2.0, 1.0))
+    doubled = enumerated(case, device, 512, False, (2.0, 1.0), bwd_compute_multiplier=2 * BWD_COMPUTE_MULTIPLIER)
+    assert bwd_multiplier_problems(base, doubled, device) == []
+    assert any(o.shards[0].perf.bwd_compute > 0 for o in base)  # something to double
+    # A backward that ignores the multiplier; a forward that follows it.
+    first, second = [o for o in doubled if o.shards[0].perf.bwd_compute > 0 and o.shards[0].perf.fwd_compute > 0][:2]
+    first.shards[0].perf = dataclasses.replace(first.shards[0].perf, bwd_compute=first.shards[0].perf.bwd_compute / 2)
+    second.shards[0].perf = dataclasses.replace(second.shards[0].perf, fwd_compute=second.shards[0].perf.fwd_compute * 2)
+    problems = bwd_multiplier_problems(base, doubled, device)
+    assert len(problems) == 2 and "bwd_compute" in problems[0] and "fwd_compute" in problems[1], problems
+    assert all("bwd_compute_multiplier doubled" in p for p in problems)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(device):
     from paritykit.checks.planner.estimate_rules import compute_floor, floor_problems, storage_floor, weighted_problems
     from paritykit.checks.planner.planning import enumerated, topology

@@ -36,6 +36,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   the topology declares: any calibration passes, a time in another unit does not;
 - a UVM cache holds the user's load factor of its table's rows in HBM: a caching shard's HBM exceeds
   the same shard's without a cache (UVM) by at least that share of its weights;
+- the topology's ``bwd_compute_multiplier`` (the backward's compute as a multiple of the forward's)
+  doubled doubles every unweighted shard's backward compute and moves nothing else;
 - a weighted feature does everything an unweighted one does and more (its weights read, multiplied
   and differentiated): no component estimates less for the same table weighted;
 - and a shard holds at most that: its weights (twice them with a cache), plus what every rank's batch
@@ -122,6 +124,17 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
                     problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
                                     f"{before}, then {after} with {what} (expected {want})")
     return problems
+
+
+def bwd_multiplier_problems(single: list[Any], double: list[Any], device: str) -> list[str]:
+    """Options of unweighted tables whose backward compute does not double with the topology's
+    bwd_compute_multiplier ("backward compute estimation" as a multiple of the forward's), or whose
+    other components move with it."""
+
+    def expected(option: Any, component: str, before: float) -> tuple[float, float]:
+        return (2 * before, 2 * before) if component == "bwd_compute" else (before, before)
+
+    return _ratio_problems(single, double, device, "the topology's bwd_compute_multiplier doubled", expected)
 
 
 def columns_problems(single: list[Any], double: list[Any], device: str) -> list[str]:

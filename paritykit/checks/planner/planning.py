@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
-from paritykit.checks.planner.estimate_rules import (batch_problems, cache_problems, ceiling_problems, columns_problems,
+from paritykit.checks.planner.estimate_rules import (batch_problems, bwd_multiplier_problems, cache_problems, ceiling_problems, columns_problems,
                                                      compute_ceiling_problems, degenerate_problems, floor_problems,
                                                      num_poolings_problems, pooling_factor_problems, rows_problems,
                                                      single_problems, weighted_problems)
@@ -17,24 +17,27 @@ from paritykit.checks.planner.report_rules import captured_stats_table, recorder
 from paritykit.harness.noise import quiet_planner
 
 
-def topology(case: PlannerCase, device: str = "cpu") -> Any:
-    return topology_of(case.world_size, case.ranks_per_host, device)
+def topology(case: PlannerCase, device: str = "cpu", bwd_compute_multiplier: float | None = None) -> Any:
+    return topology_of(case.world_size, case.ranks_per_host, device, bwd_compute_multiplier=bwd_compute_multiplier)
 
 
-def topology_of(world_size: int, ranks_per_host: int, device: str, hbm_cap: int | None = None) -> Any:
+def topology_of(world_size: int, ranks_per_host: int, device: str, hbm_cap: int | None = None,
+                bwd_compute_multiplier: float | None = None) -> Any:
     """TopologyFactory where torchrec has it (its recommended way), else Topology itself; ``hbm_cap``:
-    each rank's HBM in bytes (the device's default when None)."""
+    each rank's HBM in bytes (the device's default when None); ``bwd_compute_multiplier``: the
+    topology's (torchrec's default when None)."""
     from torchrec.distributed.planner import types
 
     cap = {} if hbm_cap is None else {"hbm_cap": hbm_cap}
+    kernel = {} if bwd_compute_multiplier is None else {"bwd_compute_multiplier": bwd_compute_multiplier}
     factory = getattr(types, "TopologyFactory", None)
     if factory is not None and hasattr(types, "TrainerConfig") and hasattr(types, "KernelConfig"):
         if hbm_cap is None or "hbm_cap_bytes" in getattr(types.TrainerConfig, "__dataclass_fields__", {}):
             trainer_cap = {} if hbm_cap is None else {"hbm_cap_bytes": hbm_cap}
             return factory.create_topology(
                 trainer_config=types.TrainerConfig(world_size=world_size, local_world_size=ranks_per_host, **trainer_cap),
-                kernel_config=types.KernelConfig(compute_device=device))
-    return types.Topology(world_size=world_size, compute_device=device, local_world_size=ranks_per_host, **cap)
+                kernel_config=types.KernelConfig(compute_device=device, **kernel))
+    return types.Topology(world_size=world_size, compute_device=device, local_world_size=ranks_per_host, **cap, **kernel)
 
 
 def parameter_constraints(case: PlannerCase) -> dict[str, Any]:
@@ -112,16 +115,17 @@ ESTIMATED_FOR = ("cpu", "cuda")
 
 
 def enumerated(case: PlannerCase, device: str, batch_size: int, constrained: bool, traffic: tuple[float, float] | None = None,
-               weighted: bool = False) -> list[Any]:
+               weighted: bool = False, bwd_compute_multiplier: float | None = None) -> list[Any]:
     """The sharding options torchrec's enumerator proposes, estimated for ``batch_size``: under the
     case's constraints, or every type and kernel the sharders offer (with ``traffic``, the
-    (pooling factor, num_poolings) of ``traffic_constraints``); ``weighted``: the EBC's features weighted."""
+    (pooling factor, num_poolings) of ``traffic_constraints``); ``weighted``: the EBC's features weighted;
+    ``bwd_compute_multiplier``: the topology's."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     with quiet_planner():
-        topo = topology(case, device)
+        topo = topology(case, device, bwd_compute_multiplier)
         constraints = (parameter_constraints(case) if constrained else
                        traffic_constraints(case, *traffic) if traffic is not None else None)
         estimators = [EmbeddingPerfEstimator(topology=topo, constraints=constraints),
@@ -140,7 +144,7 @@ def _scaled(case: PlannerCase, rows: int = 1, columns: int = 1) -> PlannerCase:
 def estimate_problems(case: PlannerCase) -> list[str]:
     """estimate_rules.py's rules on every option for CPU and GPU ranks, at the default batch and twice it
     (under the case's constraints and with none); the first few problems."""
-    from torchrec.distributed.planner.constants import BATCH_SIZE
+    from torchrec.distributed.planner.constants import BATCH_SIZE, BWD_COMPUTE_MULTIPLIER
 
     problems = []
     for device in ESTIMATED_FOR:
@@ -163,6 +167,8 @@ def estimate_problems(case: PlannerCase) -> list[str]:
         if case.module == "ebc":
             problems += weighted_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0), weighted=True), device)
         problems += pooling_factor_problems(base, more_ids, device) + num_poolings_problems(base, more_bags, device)
+        problems += bwd_multiplier_problems(base, enumerated(case, device, BATCH_SIZE, False, (2.0, 1.0),
+                                                             bwd_compute_multiplier=2 * BWD_COMPUTE_MULTIPLIER), device)
         problems += rows_problems(base, enumerated(_scaled(case, rows=2), device, BATCH_SIZE, False, (2.0, 1.0)), device,
                                   case.world_size)
         problems += columns_problems(base, enumerated(_scaled(case, columns=2), device, BATCH_SIZE, False, (2.0, 1.0)), device)
