@@ -91,6 +91,13 @@ def test_a_miscounted_shard_a_wrong_rank_or_imbalance_figure_is_caught(planned):
     ranks = row.split()[-2]  # the last cell before the closing '#'
     wrong_ranks = _changed(rows, f" {first.fqn} ", f" {ranks} ", " 9 ")
     assert any("ranks '9'" in p for p in parameter_row_problems(wrong_ranks, best_plan))
+    for before, after, column in ((" pooled ", " sequence ", "Output"), (" unweighted ", " weighted ", "Weighted")):
+        assert any(f"{first.fqn} {column}" in p for p in parameter_row_problems(_changed(rows, f" {first.fqn} ", before, after), best_plan))
+    # A table whose shards keep all its columns printed with a shard width beside them.
+    whole = next(o for o in best_plan if o.sharding_type not in ("column_wise", "table_column_wise", "grid_shard"))
+    dim = str(whole.tensor.shape[1])
+    wide = _changed(rows, f" {whole.fqn} ", f" {dim} ", f" {dim} ({dim}) ")
+    assert any(f"{whole.fqn} Emb Dim (CW Dim)" in p for p in parameter_row_problems(wide, best_plan))
     shards = next(r for r in rows if r.split()[1:2] == ["0"] and ": " in r)  # rank 0's row
     kind, count = shards.split()[-3].rstrip(":"), shards.split()[-2]
     wrong_count = _changed(rows, shards, f"{kind}: {count}", f"{kind}: {int(count) + 1}")

@@ -200,8 +200,13 @@ def shard_count_problems(rows: list[str], best_plan: list[Any], world_size: int)
     return problems
 
 
+# The sharding types that cut a table's columns: the report gives their shards' width beside the table's.
+COLUMN_CUTTING = ("column_wise", "table_column_wise", "grid_shard")
+
+
 def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
-    """Each table's parameter row against its sharding option: type, kernel, rows and its shards' ranks."""
+    """Each table's parameter row against its sharding option: type, kernel, rows, output and weighting,
+    features, its columns (and its shards' where they cut them) and its shards' ranks."""
     printed = {row.get("FQN"): row for row in _table(rows, "FQN")}
     problems = []
     for option in best_plan:
@@ -209,8 +214,12 @@ def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
         if row is None:
             problems.append(f"the stats table has no parameter row for {option.fqn}")
             continue
+        columns = option.tensor.shape[1]
         wanted = {"Sharding": ABBREVIATIONS[option.sharding_type], "Compute Kernel": option.compute_kernel,
-                  "Hash Size": str(option.tensor.shape[0])}
+                  "Hash Size": str(option.tensor.shape[0]), "Output": "pooled" if option.is_pooled else "sequence",
+                  "Weighted": "weighted" if option.is_weighted else "unweighted", "Features": str(len(option.input_lengths)),
+                  "Emb Dim (CW Dim)": (f"{columns} ({option.shards[0].size[1]})" if option.sharding_type in COLUMN_CUTTING
+                                       else str(columns))}
         for column, value in wanted.items():
             if column in row and row[column] != value:
                 problems.append(f"the stats table gives {option.fqn} {column} {row[column]!r}, the plan {value!r}")
