@@ -145,3 +145,22 @@ def test_the_validators_soft_verdict_is_heard_when_torchrecs_logs_are_quieted():
     error, returned, warned = verdict(build_raw(corrupted(spec), spec.kjt), None)
     assert error is None and len(warned) == 1 and "must equal" in warned[0]
     assert (logger.level, logger.propagate, logger.handlers) == before
+
+
+def test_the_ops_under_non_strict_export_match_the_reference_and_a_wrong_export_branch_is_caught(monkeypatch):
+    from torchrec.sparse import jagged_tensor
+
+    from paritykit.checks.sparse_ops.export_cases import export_cases, run_export_case
+
+    cases = export_cases()
+    assert [run_export_case(case)["ops"] for case in cases] == [4] * len(cases)
+    # A bug only the export branches see: split's lengths narrowed from the wrong offsets while exporting.
+    original = jagged_tensor.KeyedJaggedTensor.lengths_offset_per_key
+
+    def zeroed_while_exporting(self):
+        offsets = original(self)
+        return [0] * len(offsets) if jagged_tensor.is_non_strict_exporting() else offsets
+
+    monkeypatch.setattr(jagged_tensor.KeyedJaggedTensor, "lengths_offset_per_key", zeroed_while_exporting)
+    with pytest.raises(ParityError, match=r"the exported program's kjt.split\(\[1, 2\]\)\[0\].lengths\(\)"):
+        run_export_case(cases[0])

@@ -30,3 +30,18 @@ def quiet_planner() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def quiet_export() -> Iterator[None]:
+    """torchrec warns on the root logger on every non-strict export of ``to_dict`` ("extremely slow"), and
+    torch on fx tracing: said once per export, about speed, not results."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)

@@ -1,5 +1,6 @@
 """The sparse-ops check's gate entry: every op against its reference (pinned inputs, then drawn ones),
-the gradients, a sync budget per op, and the known-broken reproductions.
+the ops under non-strict torch.export (pinned), the gradients, a sync budget per op, and the known-broken
+reproductions.
 
 Everything runs in the caller on CPU tensors, except the one known-broken case that can crash its
 process, which runs on a rank of the pool (skipped, with the reason, when no pool is given).
@@ -18,6 +19,7 @@ from paritykit.checks.sparse_ops.grad_cases import grad_cases
 from paritykit.checks.sparse_ops.jt_cases import jt_cases
 from paritykit.checks.sparse_ops.kjt_cases import kjt_constructor_cases
 from paritykit.checks.sparse_ops.equality_cases import equality_cases
+from paritykit.checks.sparse_ops.export_cases import export_cases, run_export_case
 from paritykit.checks.sparse_ops.kjt_dist_cases import kjt_dist_cases
 from paritykit.checks.sparse_ops.kjt_op_cases import kjt_op_cases
 from paritykit.checks.sparse_ops.known_broken import KNOWN_BROKEN, run_on_rank
@@ -74,5 +76,7 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     results: list[CaseResult] = []
     for case in op_cases():
         results += run_op(case, config)
+    # The ops under non-strict torch.export: pinned only (an export costs about a second).
+    results += [run_case(NAME, case.case_id(), config, lambda case=case: run_export_case(case)) for case in export_cases()]
     results += [run_budget(budget, config) for budget in op_budgets()]
     return results + run_known_broken(config, pools)
