@@ -26,6 +26,7 @@ from paritykit.engine.dmp_options import DmpOptions
 from paritykit.engine.tolerances import normwise
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.seeding import generator
+from paritykit.harness.subgroups import STRIDED_GROUPS, STRIDED_WORLD_SIZE, group_of, own_group
 
 OPERATIONS = ("reduce_scatter_pooled", "reduce_scatter_base_pooled", "reduce_scatter_v_pooled", "all_gather_base_pooled")
 WIDTH = 4
@@ -45,8 +46,7 @@ class CollectiveCase:
                 f"sync_collectives={self.sync} gradient_division={self.division}")
 
     def group_of(self, rank: int) -> tuple[int, ...]:
-        """The ranks ``rank`` calls the collectives with, in rank order."""
-        return next((g for g in self.groups if rank in g), tuple(range(self.world_size)))
+        return group_of(self.groups, rank, self.world_size)
 
     def case_id(self) -> str:
         return self.describe()
@@ -61,15 +61,11 @@ def collective_cases(world_size: int) -> tuple[CollectiveCase, ...]:
     return tuple(CollectiveCase(world_size, sync, division) for sync in (False, True) for division in (True, False))
 
 
-SUBGROUP_WORLD_SIZE = 4
-
-
 def subgroup_collective_cases(world_size: int) -> tuple[CollectiveCase, ...]:
     """The collectives on strided groups of two ranks, on a pool of four (none on another size)."""
-    if world_size != SUBGROUP_WORLD_SIZE:
+    if world_size != STRIDED_WORLD_SIZE:
         return ()
-    groups = ((0, 2), (1, 3))
-    return tuple(CollectiveCase(world_size, sync, division, groups) for sync in (False, True) for division in (True, False))
+    return tuple(CollectiveCase(world_size, sync, division, STRIDED_GROUPS) for sync in (False, True) for division in (True, False))
 
 
 def rows_per_rank(world_size: int) -> list[int]:
@@ -105,20 +101,14 @@ def run_collectives_on_rank(case: CollectiveCase) -> dict[str, tuple[torch.Tenso
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    # Every rank makes every group (a collective of the world), then calls with its own.
-    pg = dist.new_subgroups_by_enumeration([list(g) for g in case.groups])[0] if case.groups else dist.group.WORLD
     size = len(case.group_of(rank))
     found = {}
-    try:
-        with DmpOptions(sync_collectives=case.sync, gradient_division=case.division).on_rank():
-            for op in case.operations():
-                tensor = _input(op, rank, size).requires_grad_(True)
-                output = _call(op, tensor, pg, size)
-                output.backward(_upstream(op, rank, tuple(output.shape)))
-                found[op] = (output.detach().clone(), tensor.grad.detach().clone())
-    finally:
-        if case.groups:
-            dist.destroy_process_group(pg)
+    with own_group(case.groups) as pg, DmpOptions(sync_collectives=case.sync, gradient_division=case.division).on_rank():
+        for op in case.operations():
+            tensor = _input(op, rank, size).requires_grad_(True)
+            output = _call(op, tensor, pg, size)
+            output.backward(_upstream(op, rank, tuple(output.shape)))
+            found[op] = (output.detach().clone(), tensor.grad.detach().clone())
     return found
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from paritykit.errors import HarnessError, expect
+from paritykit.harness.subgroups import STRIDED_GROUPS, STRIDED_WORLD_SIZE, group_of, own_group
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class LeaderCase:
         return f"collective_utils leader={self.leader} world_size={self.world_size}{on}"
 
     def group_of(self, rank: int) -> tuple[int, ...]:
-        return next((g for g in self.groups if rank in g), tuple(range(self.world_size)))
+        return group_of(self.groups, rank, self.world_size)
 
 
 def leader_cases(world_size: int) -> tuple[LeaderCase, ...]:
@@ -48,9 +49,9 @@ def leader_cases(world_size: int) -> tuple[LeaderCase, ...]:
 
 def subgroup_leader_cases(world_size: int) -> tuple[LeaderCase, ...]:
     """Every leader of the strided groups of two ranks, on a pool of four (none on another size)."""
-    if world_size != 4:
+    if world_size != STRIDED_WORLD_SIZE:
         return ()
-    return tuple(LeaderCase(world_size, leader, ((0, 2), (1, 3))) for leader in range(2))
+    return tuple(LeaderCase(world_size, leader, STRIDED_GROUPS) for leader in range(len(STRIDED_GROUPS[0])))
 
 
 def _raised(exc: BaseException) -> dict[str, str]:
@@ -83,15 +84,13 @@ def run_leader_case_on_rank(case: LeaderCase) -> dict[str, Any]:
     from torchrec.distributed import collective_utils as cu
 
     rank = dist.get_rank()
-    # Every rank makes every group (a collective of the world), then calls with its own.
-    pg = dist.new_subgroups_by_enumeration([list(g) for g in case.groups])[0] if case.groups else dist.group.WORLD
     calls: list[str] = []
 
     def tagged(word: str, *, times: int) -> tuple[int, str]:
         calls.append(word)
         return rank, word * times
 
-    try:
+    with own_group(case.groups) as pg:
         found: dict[str, Any] = {
             "is_leader": cu.is_leader(pg, case.leader),
             "is_leader_default": cu.is_leader(pg),
@@ -101,9 +100,6 @@ def run_leader_case_on_rank(case: LeaderCase) -> dict[str, Any]:
         }
         if hasattr(cu, "create_on_rank_and_share_result"):
             found.update(_shared_on_rank(case, pg, rank))
-    finally:
-        if case.groups:
-            dist.destroy_process_group(pg)
     found["calls"] = calls
     return found
 
