@@ -186,6 +186,21 @@ def _case(check: str, name: str, seconds: float):
                        duration_s=seconds, oracle="unsharded")
 
 
+def test_a_survivors_second_round_takes_the_fastest_case_of_each_family_the_first_did_not_run():
+    from paritykit.gate.mutant_run import case_family, second_round
+
+    lengths = _case("sparse-ops", "jt.accessors: JTSpec(form='lengths')", 0.1)
+    offsets = _case("sparse-ops", "jt.accessors: JTSpec(form='offsets')", 0.2)
+    dense, dense_slow = _case("sparse-ops", "jt.to_dense: JTSpec(a)", 0.3), _case("sparse-ops", "jt.to_dense: JTSpec(b)", 0.05)
+    reshard = _case("sharding", "dmp reshard-split [ebc] world_size=4", 3.0)
+    assert case_family(offsets) == "sparse-ops|jt.accessors" and case_family(reshard) == "sharding|dmp reshard-split"
+    candidates = [lengths, offsets, dense, dense_slow, reshard]
+    # jt.accessors ran already: its other inputs wait; each new family sends its fastest case, fastest first.
+    assert second_round(candidates, [lengths], 10) == [dense_slow, reshard]
+    assert second_round(candidates, [lengths], 1) == [dense_slow]
+    assert second_round(candidates, candidates, 10) == []
+
+
 def test_the_broadest_case_of_each_check_replays_first_then_the_fastest_of_each():
     from paritykit.gate.mutant_run import case_breadth, choose_cases
 

@@ -21,7 +21,7 @@ JOURNAL_FILE = "journal.jsonl"
 
 
 # How the replayed cases are chosen (mutant_run.choose_cases): a journal of another choice is not resumed.
-CASE_CHOICE = "readers-and-different-paths-then-broadest-then-fastest-per-check-every-check-once"
+CASE_CHOICE = "readers-and-different-paths-then-broadest-then-fastest-per-check-every-check-once; survivors: a second round of unrun case families"
 
 
 def run_identity(coverage_dir: Path, seed: int, max_cases: int) -> dict[str, Any]:

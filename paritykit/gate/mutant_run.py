@@ -96,6 +96,26 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
     return kept
 
 
+def case_family(case: CoveredCase) -> str:
+    """What a case exercises, without its drawn inputs: the op or kind a case id names before its
+    arguments (``jt.accessors`` of ``jt.accessors: JTSpec(...)``, ``dmp reshard-split`` of
+    ``dmp reshard-split [...] ...``)."""
+    head = case.case_id.split(":", 1)[0] if ":" in case.case_id[:60] else " ".join(case.case_id.split()[:2])
+    return f"{case.check}|{head}"
+
+
+def second_round(candidates: list[CoveredCase], ran: list[CoveredCase], limit: int) -> list[CoveredCase]:
+    """For a mutant the first cases let through: up to ``limit`` more of the cases covering its line, the
+    fastest of each family of cases none of those ran (a line every case runs alike, such as a
+    constructor's check, shows only on the inputs some family draws), fastest families first."""
+    seen = {case_family(case) for case in ran}
+    fresh: dict[str, CoveredCase] = {}
+    for case in sorted(candidates, key=lambda case: (case.duration_s, case.label)):
+        if case not in ran and case_family(case) not in seen:
+            fresh.setdefault(case_family(case), case)
+    return list(fresh.values())[:limit]
+
+
 def _different_paths(by_speed: list[CoveredCase], paths: dict[str, frozenset[int]]) -> list[CoveredCase]:
     """Greedy cover of the function's lines by the cases' paths through it, while a case adds one."""
     seen: set[int] = set()

@@ -26,7 +26,7 @@ from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
 from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
                                        case_breadth, choose_cases, function_paths, innermost_function, line_paths,
-                                       run_mutant)
+                                       run_mutant, second_round)
 from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
@@ -168,8 +168,7 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
             paths = function_paths(lines, spans(mutant.file)(mutant.line))
             reading = line_paths(lines, readers(mutant.file)(mutant.line))
             picked = choose_cases(lines[mutant.line], max_cases, breadth, paths, reading)
-            limit = timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked)
-            outcome = run_mutant(mutant, change, root, picked, gate, limit)
+            outcome = _against_cases(mutant, change, root, gate, picked, lines[mutant.line], max_cases, timeout_s)
             if journal:
                 journal.record(outcome)
         progress(f"[{index + 1}/{len(chosen)}] {outcome.status:<16} {mutant.file}:{mutant.line} "
@@ -180,6 +179,19 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
         outcomes = list(executor.map(one, enumerate(chosen)))
     return {"gate": gate, "seed": seed, "in_scope": len(everything), "covered_files": len(covered),
             "outcomes": outcomes}
+
+
+def _against_cases(mutant: Mutant, change: Any, root: Path, gate: dict[str, Any], picked: list[CoveredCase],
+                   covering: list[CoveredCase], max_cases: int, timeout_s: float | None) -> MutantOutcome:
+    """The mutant against the picked cases; should they let it through, against a second round of the
+    covering cases of families they did not run (``second_round``)."""
+    outcome = run_mutant(mutant, change, root, picked, gate, timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked))
+    more = second_round(covering, picked, max_cases) if outcome.status == SURVIVED else []
+    if not more:
+        return outcome
+    again = run_mutant(mutant, change, root, more, gate, timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in more))
+    again.cases, again.duration_s = outcome.cases + again.cases, outcome.duration_s + again.duration_s
+    return again
 
 
 def earlier_survivors(report_dir: Path) -> list[tuple[Mutant, str, str]]:
