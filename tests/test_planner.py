@@ -13,6 +13,7 @@ from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
 from paritykit.checks.planner.plan_rules import column_block, plan_problems
 from paritykit.checks.planner.planning import plan_case
 from paritykit.checks.runner import GateConfig
+from paritykit.errors import ParityError
 from paritykit.gate.selftest import run_clean, run_plant
 from paritykit.harness import plants
 
@@ -116,9 +117,26 @@ def test_the_planner_value_types_hold_and_a_storage_subtraction_dropping_ssd_is_
     from torchrec.distributed.planner import types
 
     from paritykit.checks.planner.value_types import value_type_case
-    from paritykit.errors import ParityError
 
     assert value_type_case()["storage_pairs"] == 16
     monkeypatch.setattr(types.Storage, "__sub__", lambda self, other: types.Storage(self.hbm - other.hbm, self.ddr - other.ddr))
     with pytest.raises(ParityError, match=r"Storage\(7, 11, 13\) - Storage\(2, 3, 5\)"):
         value_type_case()
+
+
+def test_the_planner_callbacks_run_in_order_and_the_plan_follows_the_last_and_a_dropped_one_is_caught(monkeypatch):
+    from torchrec.distributed.planner import planners
+
+    from paritykit.checks.planner.callback_case import run_callback_case
+
+    assert run_callback_case() == {"callbacks": 2, "tables": 3}
+    # A planner that keeps its callbacks but never applies them.
+    original = planners.EmbeddingShardingPlanner.__init__
+
+    def forgetting(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._callbacks = []
+
+    monkeypatch.setattr(planners.EmbeddingShardingPlanner, "__init__", forgetting)
+    with pytest.raises(ParityError, match="the callbacks ran as \\[\\]"):
+        run_callback_case()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from paritykit.checks.planner.callback_case import CASE_ID as CALLBACK_CASE_ID
+from paritykit.checks.planner.callback_case import run_callback_case
 from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
@@ -28,7 +30,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     drawn = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_CASE))
     capacity = CapacityCase()
     results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda: run_capacity_case(capacity)),
-                                 run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case)]
+                                 run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
+                                 run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case)]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
         pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
