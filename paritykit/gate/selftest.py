@@ -10,6 +10,8 @@ stack, configuration and seed, does not: a failing case whose id (or whose failu
 does not have. A plant whose failures the clean run has too is "not caught (the clean run fails the
 same way)": a stack that crashes everywhere kills nothing. An ``error`` (the harness could not run)
 is neither caught nor missed but reported as such, so a broken plant cannot pass for a caught one.
+A planted run stops at its first failure the clean run lacks (``runner.stop_once``); the whole check
+runs again only when the known issues then excuse that failure.
 """
 
 from __future__ import annotations
