@@ -138,7 +138,11 @@ def _to_dense(spec: JTSpec) -> None:
 class Padded:
     jt: JTSpec
     desired_length: int | None
-    padding_value: float
+    padding_value: float | None  # None: not passed, the signature's default (0.0) pads
+
+
+# What to_padded_dense(_weights) pad with when no padding_value is given (their signatures' default).
+DEFAULT_PADDING = 0.0
 
 
 def _padding_for(dtype: str | None, value: float) -> float | int:
@@ -148,11 +152,13 @@ def _padding_for(dtype: str | None, value: float) -> float | int:
 def _padded(spec: Padded) -> None:
     ref = spec.jt.reference()
     jt = build_jt(ref, spec.jt.form)
-    call = f"to_padded_dense(desired_length={spec.desired_length}, padding_value={spec.padding_value})"
-    dense = refused_dtype(lambda: jt.to_padded_dense(spec.desired_length, spec.padding_value), f"jt.to_padded_dense of {ref.value_dtype}")
-    expect_array(dense, jt_to_padded_dense(ref, spec.desired_length, _padding_for(ref.value_dtype, spec.padding_value)), f"jt.{call}")
-    weights = refused_dtype(lambda: jt.to_padded_dense_weights(spec.desired_length, spec.padding_value), f"jt.to_padded_dense_weights of {ref.weight_dtype}")
-    expect_array(weights, jt_to_padded_dense_weights(ref, spec.desired_length, spec.padding_value), f"jt.{call.replace('dense', 'dense_weights')}")
+    given = {} if spec.padding_value is None else {"padding_value": spec.padding_value}
+    padding = DEFAULT_PADDING if spec.padding_value is None else spec.padding_value
+    call = f"to_padded_dense(desired_length={spec.desired_length}" + "".join(f", {k}={v}" for k, v in given.items()) + ")"
+    dense = refused_dtype(lambda: jt.to_padded_dense(spec.desired_length, **given), f"jt.to_padded_dense of {ref.value_dtype}")
+    expect_array(dense, jt_to_padded_dense(ref, spec.desired_length, _padding_for(ref.value_dtype, padding)), f"jt.{call}")
+    weights = refused_dtype(lambda: jt.to_padded_dense_weights(spec.desired_length, **given), f"jt.to_padded_dense_weights of {ref.weight_dtype}")
+    expect_array(weights, jt_to_padded_dense_weights(ref, spec.desired_length, padding), f"jt.{call.replace('dense', 'dense_weights')}")
 
 
 @st.composite
@@ -198,7 +204,7 @@ def jt_cases() -> list[OpCase]:
     widths = specs.flatmap(lambda s: st.builds(FromDenseLengths, st.just(s), st.integers(max(s.lengths, default=0), max(s.lengths, default=0) + 2)))
     float64 = replace(PINNED_JT, value_dtype="float64", weight_dtype="float64")
     pinned_padded = (Padded(PINNED_JT, 2, -1.0), Padded(PINNED_JT, 5, 0.5), Padded(PINNED_JT_2D, None, 7.0),
-                     Padded(PINNED_JT_IDS, 1, 7.0), Padded(float64, 2, 0.5))
+                     Padded(PINNED_JT_IDS, 1, 7.0), Padded(float64, 2, 0.5), Padded(PINNED_JT, 5, None))
     return [
         OpCase("jt.accessors", specs, _accessors, PINNED_JTS),
         OpCase("jt.empty+empty_like", specs, _empty, PINNED_JTS),
