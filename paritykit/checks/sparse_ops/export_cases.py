@@ -1,16 +1,17 @@
 """The KJT ops under ``torch.export`` (non-strict), as a model is exported for serving: a module that
 splits, indexes, unpacks and permutes its KeyedJaggedTensor input is exported with
-``torch.export.export(..., strict=False)``, and the exported program, run on the same input, must give
-what the reference gives for each op. Non-strict tracing takes the ops' export branches (``torch._check``
-and ``torch.narrow`` in place of Python slicing), which eager runs never reach; the KJTs and JaggedTensors
-the program returns come back through torchrec's pytree registration.
+``torch.export.export(..., strict=False)``, and the exported program, run on a KJT of the same lengths
+and other values, must give what the reference gives for each op. Non-strict tracing takes the ops'
+export branches (``torch._check`` and ``torch.narrow`` in place of Python slicing), which eager runs
+never reach; the KJTs and JaggedTensors the program returns come back through torchrec's pytree
+registration.
 
 Pinned inputs only: one export costs about a second. A variable batch (VBE) is not exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,10 +55,12 @@ def run_export_case(case: ExportCase) -> dict[str, Any]:
 
     if case.kjt.strides is not None:
         raise HarnessError(f"{case.case_id()}: a variable-batch KJT is not exported by this case")
-    ref = case.kjt.reference()
-    kjt = build_kjt(ref, case.kjt.form, case.kjt.metadata)
+    traced = build_kjt(case.kjt.reference(), case.kjt.form, case.kjt.metadata)
     with quiet_export():
-        program = torch.export.export(_Ops(case), (kjt,), strict=False)
+        program = torch.export.export(_Ops(case), (traced,), strict=False)
+    # Run on a KJT of the same lengths and other values: a program that kept the traced input's values
+    # as constants fails (the lengths are the shapes it was exported for).
+    ref = replace(case.kjt, seed=case.kjt.seed + 1).reference()
     pieces, jt, per_key, permuted = program.module()(build_kjt(ref, case.kjt.form, case.kjt.metadata))
     where = "the exported program's"
     expected_pieces = kjt_split(ref, list(case.segments))
