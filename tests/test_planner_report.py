@@ -12,7 +12,7 @@ import pytest
 from paritykit.checks.planner.cases import model_fn
 from paritykit.checks.planner.pinned import pinned_cases
 from paritykit.checks.planner.estimate_rules import single_problems
-from paritykit.checks.planner.report_rules import (ONE_WIDER, frame_problems, imbalance,
+from paritykit.checks.planner.report_rules import (COLUMN_CUTTING, ONE_WIDER, frame_problems, imbalance,
                                                    imbalance_problems, maxima_problems, memory_problems,
                                                    negative_figure_problems, parameter_row_problems, perf_figure_problems,
                                                    rank_row_problems, shard_count_problems)
@@ -94,7 +94,7 @@ def test_a_miscounted_shard_a_wrong_rank_or_imbalance_figure_is_caught(planned):
     for before, after, column in ((" pooled ", " sequence ", "Output"), (" unweighted ", " weighted ", "Weighted")):
         assert any(f"{first.fqn} {column}" in p for p in parameter_row_problems(_changed(rows, f" {first.fqn} ", before, after), best_plan))
     # A table whose shards keep all its columns printed with a shard width beside them.
-    whole = next(o for o in best_plan if o.sharding_type not in ("column_wise", "table_column_wise", "grid_shard"))
+    whole = next(o for o in best_plan if o.sharding_type not in COLUMN_CUTTING)
     dim = str(whole.tensor.shape[1])
     wide = _changed(rows, f" {whole.fqn} ", f" {dim} ", f" {dim} ({dim}) ")
     assert any(f"{whole.fqn} Emb Dim (CW Dim)" in p for p in parameter_row_problems(wide, best_plan))

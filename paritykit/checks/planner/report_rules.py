@@ -34,6 +34,7 @@ import re
 from typing import Any, Iterator
 
 from paritykit.checks.planner.estimate_rules import PERF_COMPONENTS, single_problems
+from paritykit.checks.planner.plan_rules import COLUMN_WISE
 from paritykit.checks.planner.report_blocks import kernel_count_problems, printed_ranks, tier_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
@@ -201,7 +202,7 @@ def shard_count_problems(rows: list[str], best_plan: list[Any], world_size: int)
 
 
 # The sharding types that cut a table's columns: the report gives their shards' width beside the table's.
-COLUMN_CUTTING = ("column_wise", "table_column_wise", "grid_shard")
+COLUMN_CUTTING = COLUMN_WISE + ("grid_shard",)
 
 
 def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
