@@ -32,6 +32,7 @@ NEXT_STACK_SUBSET = (
     "sharded-load-ignores-shard-offsets",
     "cross-layer-uses-x-l-for-x0",
     "planner-drops-min-partition",
+    "infer-cw-shards-not-permuted",
 )
 
 

@@ -47,6 +47,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "optim": "paritykit.checks.optim",
     "planner": "paritykit.checks.planner",
     "modules": "paritykit.checks.modules",
+    "inference": "paritykit.checks.inference",
     "fixtures": "paritykit.checks.golden",
 }
 
