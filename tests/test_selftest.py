@@ -33,6 +33,7 @@ NEXT_STACK_SUBSET = (
     "cross-layer-uses-x-l-for-x0",
     "planner-drops-min-partition",
     "infer-cw-shards-not-permuted",
+    "ne-norm-in-natural-log",
 )
 
 

@@ -48,6 +48,7 @@ CHECK_PACKAGES: dict[str, str] = {
     "planner": "paritykit.checks.planner",
     "modules": "paritykit.checks.modules",
     "inference": "paritykit.checks.inference",
+    "metrics": "paritykit.checks.metrics",
     "fixtures": "paritykit.checks.golden",
 }
 

@@ -1,7 +1,7 @@
 """What `paritykit coverage` measures: the installed torchrec's training and inference surface, and how it is grouped.
 
 In scope: torchrec's ``sparse/``, ``modules/``, ``optim/`` and ``distributed/`` (what training runs), and
-``quant/`` (the quantized modules that inference sharding runs),
+``quant/`` (the quantized modules that inference sharding runs) and ``metrics/`` (the training metrics),
 without the test utilities and benchmarks that ship inside the wheel. The summary groups the files
 as issue-sized areas (the sharding types, the sharded modules, the kernels, the collectives, the
 pipelines); ``FOCUS`` are the areas the gate is expected to hold under an oracle almost entirely.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from paritykit.errors import HarnessError
 
-SCOPE_DIRS = ("sparse", "modules", "optim", "distributed", "quant")
+SCOPE_DIRS = ("sparse", "modules", "optim", "distributed", "quant", "metrics")
 OMIT = ("*/test_utils/*", "*/tests/*", "*/benchmark/*", "*/benchmarks/*")
 
 
@@ -38,6 +38,7 @@ GROUPS = (
     Group("modules/ (embedding modules, configs)", ("modules/embedding_modules.py", "modules/embedding_configs.py"), focus=True),
     Group("optim/", ("optim/*",)),
     Group("quant/ (quantized modules)", ("quant/*",)),
+    Group("metrics/", ("metrics/*",)),
     Group("distributed/ (all)", ("distributed/*",)),
     Group("distributed/sharding/ (sharding types)", ("distributed/sharding/*",), focus=True),
     Group("distributed/embedding.py", ("distributed/embedding.py",), focus=True),

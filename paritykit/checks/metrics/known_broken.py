@@ -1,0 +1,19 @@
+"""Metric behaviour torchrec gets wrong, each run on purpose by every gate as a minimal reproduction
+against the formula, so that its failure is matched against the known issues
+(paritykit/checks/known_issues.toml, case ``known-broken <rule>: <what>``) and ``--strict`` notices
+the day torchrec fixes it. The draws keep clear of them (specs.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from paritykit.checks.metrics.cases import run_metric_case
+from paritykit.checks.metrics.specs import RECALL_AT_THRESHOLD, MetricSpec
+
+# One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
+RECALL_SPEC = MetricSpec("recall", 1, "unfused", 2, 2, (((( 0.5, 1.0, 1.0), (0.9, 1.0, 1.0)),),))
+
+KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
+    RECALL_AT_THRESHOLD: ("RecallMetric over two positives, one predicted at the 0.5 threshold, against TP / (TP + FN)",
+                          lambda: run_metric_case(RECALL_SPEC)),
+}

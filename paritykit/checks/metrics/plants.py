@@ -1,0 +1,59 @@
+"""Planted bugs that the `metrics` check must catch: each a realistic slip in torchrec.metrics. Each
+changes what torchrec computes (tests/test_metrics.py shows it on torchrec alone first), and a
+pinned case of the check catches it with the self-test's few examples."""
+
+from __future__ import annotations
+
+from typing import ContextManager
+
+import torch
+
+from paritykit.harness.patching import replaced
+from paritykit.harness.plants import register
+
+CHECK = "metrics"
+
+
+@register("ne-norm-in-natural-log", check=CHECK)
+def ne_norm_in_natural_log() -> ContextManager[None]:
+    """NE's normalizer, the entropy of the base rate, is taken in nats while the cross entropy is in bits."""
+    from torchrec.metrics import ne
+
+    def norm(mean_label, pos_labels, neg_labels, eta):
+        mean_label = mean_label.double().clamp(min=eta, max=1 - eta)
+        return -pos_labels * torch.log(mean_label) - neg_labels * torch.log(1.0 - mean_label)
+
+    return replaced(ne, "_compute_cross_entropy_norm", lambda _original: norm)
+
+
+@register("window-drops-a-full-window", check=CHECK)
+def window_drops_a_full_window() -> ContextManager[None]:
+    """The metrics' window drops its oldest batch once it holds exactly window_size samples, not only past it."""
+    from torchrec.metrics.rec_metric import WindowBuffer
+
+    def aggregate(self, window_state, curr_state, size):
+        if len(self._buffers) == self._buffers.maxlen:
+            window_state -= self._buffers.popleft()
+            self._window_used_size -= self._used_sizes.popleft()
+        self._buffers.append(curr_state.clone())
+        self._used_sizes.append(size)
+        window_state += curr_state
+        self._window_used_size += size
+        while self._window_used_size >= self._max_size and self._buffers:
+            window_state -= self._buffers.popleft()
+            self._window_used_size -= self._used_sizes.popleft()
+
+    return replaced(WindowBuffer, "_aggregate_state_impl", lambda _original: aggregate)
+
+
+@register("auc-ranks-ascending", check=CHECK)
+def auc_ranks_ascending() -> ContextManager[None]:
+    """AUC sorts the predictions ascending before accumulating the ROC curve from the top."""
+    from torchrec.metrics import auc
+
+    def helper(original):
+        def ascending(predictions, labels, weights, apply_bin=False):
+            return original(-predictions, labels, weights, apply_bin)
+        return ascending
+
+    return replaced(auc, "_compute_auc_helper", helper)

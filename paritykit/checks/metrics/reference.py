@@ -1,0 +1,128 @@
+"""What each metric means, in float64 over plain Python lists (no torchrec): the weighted formula of
+every reported value, over the samples a lifetime or a window holds.
+
+A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the held samples:
+    NE          = the cross entropy over the entropy of the base rate m = pos / sum w, both in bits:
+                  sum w*(-l log2 p - (1-l) log2(1-p)) / (-pos log2 m - neg log2(1-m))
+    logloss     = sum w*CE(p, l) / (pos + neg)
+    CTR         = pos / sum w                       (0 when sum w = 0)
+    calibration = sum w*p / pos                     (0 when pos <= 0)
+    MSE, RMSE   = sum w*(p-l)^2 / sum w, its root   (0 when sum w = 0)
+    MAE         = sum w*|p-l| / sum w               (0 when sum w = 0)
+    accuracy    = sum w*[ (p >= t) == l ] / sum w   (0 when sum w = 0)
+    precision   = TP / (TP + FP), recall = TP / (TP + FN)  (0 when empty), TP = sum w*[p >= t]*l,
+                  FP = sum w*[p >= t]*(1-l), FN = sum w*[p < t]*l
+    AUC         = sum over positive i, negative j of w_i w_j [p_i > p_j] (+ half on ties), over
+                  sum w*l * sum w*(1-l)                      (0.5 when either sum is 0)
+where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5).
+
+Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
+rank ceil(window_size / world_size) = W): for the state metrics the most recent whole batches whose
+samples number at most W (a batch that would overflow drops the oldest batches); for AUC the most
+recent W samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+Sample = tuple[float, float, float]  # prediction, label, weight
+THRESHOLD = 0.5
+
+
+def _sums(samples: list[Sample]) -> tuple[float, float, float]:
+    weight = math.fsum(w for _, _, w in samples)
+    pos = math.fsum(w * l for _, l, w in samples)
+    neg = math.fsum(w * (1.0 - l) for _, l, w in samples)
+    return weight, pos, neg
+
+
+def _cross_entropy(samples: list[Sample]) -> float:
+    return math.fsum(-w * l * math.log2(p) - w * (1.0 - l) * math.log2(1.0 - p) for p, l, w in samples)
+
+
+def ne(samples: list[Sample]) -> float:
+    weight, pos, neg = _sums(samples)
+    mean = pos / weight
+    norm = -pos * math.log2(mean) - neg * math.log2(1.0 - mean)
+    return _cross_entropy(samples) / norm
+
+
+def logloss(samples: list[Sample]) -> float:
+    _, pos, neg = _sums(samples)
+    return _cross_entropy(samples) / (pos + neg)
+
+
+def _ratio(num: float, den: float) -> float:
+    return 0.0 if den == 0 else num / den
+
+
+def ctr(samples: list[Sample]) -> float:
+    weight, pos, _ = _sums(samples)
+    return _ratio(pos, weight)
+
+
+def calibration(samples: list[Sample]) -> float:
+    _, pos, _ = _sums(samples)
+    return 0.0 if pos <= 0 else math.fsum(w * p for p, _, w in samples) / pos
+
+
+def mse(samples: list[Sample]) -> float:
+    return _ratio(math.fsum(w * (p - l) ** 2 for p, l, w in samples), _sums(samples)[0])
+
+
+def rmse(samples: list[Sample]) -> float:
+    return math.sqrt(mse(samples))
+
+
+def mae(samples: list[Sample]) -> float:
+    return _ratio(math.fsum(w * abs(p - l) for p, l, w in samples), _sums(samples)[0])
+
+
+def accuracy(samples: list[Sample]) -> float:
+    right = math.fsum(w for p, l, w in samples if (p >= THRESHOLD) == (l == 1.0))
+    return _ratio(right, _sums(samples)[0])
+
+
+def _confusion(samples: list[Sample]) -> tuple[float, float, float]:
+    tp = math.fsum(w for p, l, w in samples if p >= THRESHOLD and l == 1.0)
+    fp = math.fsum(w for p, l, w in samples if p >= THRESHOLD and l == 0.0)
+    fn = math.fsum(w for p, l, w in samples if p < THRESHOLD and l == 1.0)
+    return tp, fp, fn
+
+
+def precision(samples: list[Sample]) -> float:
+    tp, fp, _ = _confusion(samples)
+    return _ratio(tp, tp + fp)
+
+
+def recall(samples: list[Sample]) -> float:
+    tp, _, fn = _confusion(samples)
+    return _ratio(tp, tp + fn)
+
+
+def auc(samples: list[Sample]) -> float:
+    positives = [(p, w) for p, l, w in samples if l == 1.0]
+    negatives = [(p, w) for p, l, w in samples if l == 0.0]
+    pos, neg = math.fsum(w for _, w in positives), math.fsum(w for _, w in negatives)
+    if pos * neg == 0:
+        return 0.5
+    ranked = math.fsum(wi * wj * (1.0 if pi > pj else 0.5 if pi == pj else 0.0)
+                       for pi, wi in positives for pj, wj in negatives)
+    return ranked / (pos * neg)
+
+
+def window_of_batches(batches: list[list[Sample]], local_window: int) -> list[Sample]:
+    """The most recent whole batches holding at most ``local_window`` samples."""
+    held: list[list[Sample]] = []
+    for batch in batches:
+        held.append(batch)
+        while sum(len(b) for b in held) > local_window:
+            held.pop(0)
+    return [s for b in held for s in b]
+
+
+def window_of_samples(batches: list[list[Sample]], local_window: int) -> list[Sample]:
+    """The most recent ``local_window`` samples."""
+    every = [s for b in batches for s in b]
+    return every[-local_window:] if local_window > 0 else []

@@ -1,0 +1,104 @@
+"""The metrics check's cases: one torchrec metric class, one or two tasks, a stream of batches.
+
+Each batch holds, per task, ``batch_size`` samples (prediction, label, weight). Predictions are kept
+off 0 and 1 (torchrec clamps within 1e-12 of them for NE, a convention a draw need not test) and,
+for AUC, distinct over a task's whole stream (the order of tied predictions is the sort's, not a
+meaning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from paritykit.checks.known_issues import rule_kept_out
+
+# A known torchrec defect: RecallMetric counts a positive predicted exactly at the threshold both as a
+# true positive (p >= t) and as a false negative (p <= t) (known_broken.py reproduces it).
+RECALL_AT_THRESHOLD = "recall-threshold-counted-twice"
+THRESHOLD = 0.5
+
+# metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
+METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
+    "ne": ("torchrec.metrics.ne.NEMetric", ("ne", "logloss"), {"include_logloss": True}, "batches"),
+    "ctr": ("torchrec.metrics.ctr.CTRMetric", ("ctr",), {}, "batches"),
+    "calibration": ("torchrec.metrics.calibration.CalibrationMetric", ("calibration",), {}, "batches"),
+    "mse": ("torchrec.metrics.mse.MSEMetric", ("mse", "rmse"), {}, "batches"),
+    "mae": ("torchrec.metrics.mae.MAEMetric", ("mae",), {}, "batches"),
+    "accuracy": ("torchrec.metrics.accuracy.AccuracyMetric", ("accuracy",), {}, "batches"),
+    "precision": ("torchrec.metrics.precision.PrecisionMetric", ("precision",), {}, "batches"),
+    "recall": ("torchrec.metrics.recall.RecallMetric", ("recall",), {}, "batches"),
+    "auc": ("torchrec.metrics.auc.AUCMetric", ("auc",), {}, "samples"),
+}
+COMPUTE_MODES = ("unfused", "fused")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    metric: str
+    tasks: int
+    compute_mode: str  # "unfused" (a computation per task) or "fused" (the tasks stacked in one)
+    batch_size: int
+    window_size: int
+    # batches[b][t] = the samples of task t in batch b: (prediction, label, weight) each.
+    batches: tuple[tuple[tuple[tuple[float, float, float], ...], ...], ...]
+
+    def case_id(self) -> str:
+        stream = " | ".join("; ".join(" ".join(f"{p:g}/{l:g}/{w:g}" for p, l, w in task) for task in batch)
+                            for batch in self.batches)
+        return (f"{self.metric} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
+                f"window_size={self.window_size} batches: {stream}")
+
+
+@st.composite
+def metric_specs(draw: st.DrawFn, metric: str) -> MetricSpec:
+    tasks = draw(st.integers(1, 2))
+    batch_size = draw(st.integers(1, 5))
+    count = draw(st.integers(1, 5))
+    window = draw(st.integers(batch_size, batch_size * 6))  # torchrec needs a window of a batch at least
+    grid = [k / 20 for k in range(1, 20)]
+    if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
+        grid.remove(THRESHOLD)
+    prediction = st.sampled_from(grid) if metric != "auc" else None
+    weight = st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0))
+    distinct = None
+    if prediction is None:  # AUC: every prediction of a task's stream distinct
+        distinct = [draw(st.lists(st.integers(1, 999), min_size=count * batch_size, max_size=count * batch_size, unique=True))
+                    for _ in range(tasks)]
+    batches = []
+    for b in range(count):
+        per_task = []
+        for t in range(tasks):
+            if distinct is not None:
+                values = [p / 1000 for p in distinct[t][b * batch_size:(b + 1) * batch_size]]
+            else:
+                values = draw(st.lists(prediction, min_size=batch_size, max_size=batch_size))
+            labels = draw(st.lists(st.sampled_from((0.0, 1.0)), min_size=batch_size, max_size=batch_size))
+            weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
+            per_task.append(tuple(zip(values, labels, weights)))
+        batches.append(tuple(per_task))
+    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, tuple(batches))
+
+
+def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
+    return tuple(tuple(task) for task in tasks)
+
+
+# Always run: two tasks fused and unfused, a window that drops the first batch (7 and 6 samples of
+# batches of 3), zero weights, both labels, a prediction at the threshold (moved off it for recall
+# while the known defect stands).
+_STREAM = (
+    _batch([(0.9, 1.0, 1.0), (0.2, 0.0, 2.0), (0.6, 0.0, 0.5)], [(0.3, 1.0, 1.0), (0.8, 1.0, 0.0), (0.45, 0.0, 3.0)]),
+    _batch([(0.7, 0.0, 1.0), (0.4, 1.0, 1.0), (0.5, 1.0, 2.0)], [(0.1, 0.0, 2.0), (0.65, 1.0, 1.0), (0.25, 1.0, 0.5)]),
+    _batch([(0.35, 0.0, 3.0), (0.95, 1.0, 0.5), (0.05, 0.0, 1.0)], [(0.55, 0.0, 1.0), (0.15, 1.0, 2.0), (0.85, 1.0, 1.0)]),
+)
+
+
+def _off_threshold(stream: tuple) -> tuple:
+    return tuple(tuple(tuple((0.55 if p == THRESHOLD else p, l, w) for p, l, w in task) for task in batch) for batch in stream)
+
+
+def pinned(metric: str) -> tuple[MetricSpec, ...]:
+    stream = _off_threshold(_STREAM) if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None else _STREAM
+    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream))

@@ -1,0 +1,98 @@
+"""The metrics check: its formulas against values worked out by hand, its window rules, its planted
+bugs (each first shown to change what torchrec computes, then caught by the self-test), and its
+known-broken reproduction judged as a known issue."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from paritykit.checks import known_issues
+from paritykit.checks.metrics import reference
+from paritykit.checks.metrics.cases import TASK_NAMES, _metric, _tensors
+from paritykit.checks.metrics.known_broken import KNOWN_BROKEN
+from paritykit.checks.metrics.specs import MetricSpec, pinned
+from paritykit.checks.runner import GateConfig
+from paritykit.gate.selftest import run_clean, run_plant
+from paritykit.harness import plants
+from paritykit.harness.versions import installed_versions
+
+METRICS_PLANTS = sorted(name for name, plant in plants.PLANTS.items() if plant.check == "metrics")
+SELFTEST = GateConfig(device="cpu", world_sizes=(1,), examples=1, seed=0, shrink=False)
+# Two positives (weights 1 and 3) predicted 0.8 and 0.4, one negative (weight 2) predicted 0.6.
+SAMPLES = [(0.8, 1.0, 1.0), (0.4, 1.0, 3.0), (0.6, 0.0, 2.0)]
+
+
+def test_formulas_by_hand():
+    assert reference.ctr(SAMPLES) == pytest.approx(4 / 6)
+    assert reference.calibration(SAMPLES) == pytest.approx((0.8 + 1.2 + 1.2) / 4)
+    assert reference.mse(SAMPLES) == pytest.approx((0.04 + 3 * 0.36 + 2 * 0.36) / 6)
+    assert reference.mae(SAMPLES) == pytest.approx((0.2 + 3 * 0.6 + 2 * 0.6) / 6)
+    # Predicted positive: 0.8 (right), 0.6 (wrong); negative: 0.4 (wrong).
+    assert reference.accuracy(SAMPLES) == pytest.approx(1 / 6)
+    assert reference.precision(SAMPLES) == pytest.approx(1 / 3)
+    assert reference.recall(SAMPLES) == pytest.approx(1 / 4)
+    # The positive at 0.8 outranks the negative, the one at 0.4 does not: (1*2) / (4*2).
+    assert reference.auc(SAMPLES) == pytest.approx(0.25)
+    cross_entropy = -(math.log2(0.8) + 3 * math.log2(0.4) + 2 * math.log2(0.4))
+    entropy = -(4 * math.log2(4 / 6) + 2 * math.log2(2 / 6))
+    assert reference.ne(SAMPLES) == pytest.approx(cross_entropy / entropy)
+    assert reference.logloss(SAMPLES) == pytest.approx(cross_entropy / 6)
+
+
+def test_windows():
+    batches = [[(0.1, 0, 1)] * 3, [(0.2, 0, 1)] * 3, [(0.3, 0, 1)] * 3]
+    assert reference.window_of_batches(batches, 7) == batches[1] + batches[2]
+    assert reference.window_of_batches(batches, 6) == batches[1] + batches[2]
+    assert reference.window_of_batches(batches, 5) == batches[2]
+    assert reference.window_of_samples(batches, 4) == batches[1][2:] + batches[2]
+
+
+def _torchrec_report(spec: MetricSpec) -> dict:
+    metric = _metric(spec)
+    for batch in spec.batches:
+        preds, labels, weights = _tensors(spec, batch)
+        metric.update(predictions=preds, labels=labels, weights=weights)
+    return {k: float(v.reshape(-1)[0]) for k, v in metric.compute().items()}
+
+
+PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc"}
+
+
+def test_every_plant_has_a_metric_to_show_it():
+    assert sorted(PLANT_METRICS) == METRICS_PLANTS
+
+
+@pytest.mark.parametrize("plant", METRICS_PLANTS)
+def test_planted_bug_changes_what_torchrec_computes(plant):
+    spec = pinned(PLANT_METRICS[plant])[1]  # the unfused case, window 6 of batches of 3
+    clean = _torchrec_report(spec)
+    with plants.applied([plant]):
+        planted = _torchrec_report(spec)
+    assert clean != planted
+    assert clean == _torchrec_report(spec)  # and gone once the block ends
+
+
+def test_reports_name_each_task():
+    report = _torchrec_report(pinned("ctr")[0])
+    assert {k.split("|")[0].split("-")[-1] for k in report} == set(TASK_NAMES)
+
+
+@pytest.fixture(scope="module")
+def clean_run():
+    return run_clean("metrics", SELFTEST, None)
+
+
+@pytest.mark.parametrize("plant", METRICS_PLANTS)
+def test_self_test_catches_the_plant_with_the_metrics_check(plant, clean_run):
+    outcome = run_plant(plant, SELFTEST, None, clean_run)
+    assert (outcome.verdict, outcome.check) == ("caught", "metrics"), outcome.evidence
+
+
+def test_clean_run_fails_only_on_the_known_broken_cases_which_are_known_issues(clean_run):
+    failing = [r for r in clean_run.results if r.status not in ("pass", "skip")]
+    assert {r.case_id for r in failing} == {r.case_id for r in clean_run.results if r.case_id.startswith("known-broken ")}
+    judged = known_issues.apply(clean_run.results, known_issues.load(), installed_versions()).cases
+    broken = [r for r in judged if r.case_id.startswith("known-broken ")]
+    assert len(broken) == len(KNOWN_BROKEN) and all(r.status == "known-issue" for r in broken)
