@@ -10,7 +10,7 @@ import pytest
 
 from paritykit.checks import known_issues
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.cases import TASK_NAMES, _metric, _tensors
+from paritykit.checks.metrics.cases import TASK_NAMES, torchrec_report
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN
 from paritykit.checks.metrics.specs import MetricSpec, pinned
 from paritykit.checks.runner import GateConfig
@@ -50,11 +50,7 @@ def test_windows():
 
 
 def _torchrec_report(spec: MetricSpec) -> dict:
-    metric = _metric(spec)
-    for batch in spec.batches:
-        preds, labels, weights = _tensors(spec, batch)
-        metric.update(predictions=preds, labels=labels, weights=weights)
-    return {k: float(v.reshape(-1)[0]) for k, v in metric.compute().items()}
+    return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec).items()}
 
 
 PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc"}
@@ -66,7 +62,7 @@ def test_every_plant_has_a_metric_to_show_it():
 
 @pytest.mark.parametrize("plant", METRICS_PLANTS)
 def test_planted_bug_changes_what_torchrec_computes(plant):
-    spec = pinned(PLANT_METRICS[plant])[1]  # the unfused case, window 6 of batches of 3
+    spec = pinned(PLANT_METRICS[plant])[1]  # the unfused case through RecMetricModule, window 6 of batches of 3
     clean = _torchrec_report(spec)
     with plants.applied([plant]):
         planted = _torchrec_report(spec)
@@ -74,9 +70,10 @@ def test_planted_bug_changes_what_torchrec_computes(plant):
     assert clean == _torchrec_report(spec)  # and gone once the block ends
 
 
-def test_reports_name_each_task():
-    report = _torchrec_report(pinned("ctr")[0])
-    assert {k.split("|")[0].split("-")[-1] for k in report} == set(TASK_NAMES)
+@pytest.mark.parametrize("index", [0, 1])
+def test_reports_name_each_task(index):
+    report = _torchrec_report(pinned("ctr")[index])  # the metric class, then RecMetricModule
+    assert {k.split("|")[0].split("-")[-1] for k in report if k.startswith("ctr-")} == set(TASK_NAMES)
 
 
 @pytest.fixture(scope="module")

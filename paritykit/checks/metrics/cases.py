@@ -23,17 +23,57 @@ from paritykit.errors import ParityError, expect
 TASK_NAMES = ("task_a", "task_b")
 
 
-def _metric(spec: MetricSpec) -> Any:
-    from torchrec.metrics.metrics_config import RecComputeMode, RecTaskInfo
+def _tasks(spec: MetricSpec) -> list[Any]:
+    from torchrec.metrics.metrics_config import RecTaskInfo
 
+    return [RecTaskInfo(name=TASK_NAMES[t], label_name=f"label_{t}", prediction_name=f"prediction_{t}",
+                        weight_name=f"weight_{t}") for t in range(spec.tasks)]
+
+
+def _mode(spec: MetricSpec) -> Any:
+    from torchrec.metrics.metrics_config import RecComputeMode
+
+    return RecComputeMode.FUSED_TASKS_COMPUTATION if spec.compute_mode == "fused" else RecComputeMode.UNFUSED_TASKS_COMPUTATION
+
+
+def _metric(spec: MetricSpec) -> Any:
     path, _, extra, _ = METRICS[spec.metric]
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
-    tasks = [RecTaskInfo(name=TASK_NAMES[t], label_name=f"label_{t}", prediction_name=f"prediction_{t}",
-                         weight_name=f"weight_{t}") for t in range(spec.tasks)]
-    mode = RecComputeMode.FUSED_TASKS_COMPUTATION if spec.compute_mode == "fused" else RecComputeMode.UNFUSED_TASKS_COMPUTATION
-    return cls(world_size=1, my_rank=0, batch_size=spec.batch_size, tasks=tasks, compute_mode=mode,
+    return cls(world_size=1, my_rank=0, batch_size=spec.batch_size, tasks=_tasks(spec), compute_mode=_mode(spec),
                window_size=spec.window_size, **extra)
+
+
+def _metric_module(spec: MetricSpec) -> Any:
+    from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
+    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum
+
+    _, _, extra, _ = METRICS[spec.metric]
+    tasks = _tasks(spec)
+    config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
+        rec_tasks=tasks, window_size=spec.window_size, arguments=dict(extra) or None)},
+        throughput_metric=None, rec_compute_mode=_mode(spec), state_metrics=[])
+    return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=1, my_rank=0,
+                                  state_metrics_mapping={}, device=torch.device("cpu"))
+
+
+def torchrec_report(spec: MetricSpec) -> dict[str, Any]:
+    """What torchrec reports after the spec's stream: the metric class's compute(), or the module's."""
+    if spec.via == "module":
+        module = _metric_module(spec)
+        for batch in spec.batches:
+            preds, labels, weights = _tensors(spec, batch)
+            model_out = {}
+            for t in range(spec.tasks):
+                task = TASK_NAMES[t]
+                model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
+            module.update(model_out)
+        return module.compute()
+    metric = _metric(spec)
+    for batch in spec.batches:
+        preds, labels, weights = _tensors(spec, batch)
+        metric.update(predictions=preds, labels=labels, weights=weights)
+    return metric.compute()
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
@@ -62,17 +102,15 @@ def _defined(name: str, samples: list) -> bool:
                         sum(w * (1 - l) for _, l, w in samples))
     if name == "ne":
         return pos > 0 and neg > 0
+    if name == "unweighted_ne":
+        return 0 < sum(l for _, l, _ in samples) < len(samples)
     if name == "logloss":
         return weight > 0
     return True
 
 
 def run_metric_case(spec: MetricSpec) -> dict[str, Any]:
-    metric = _metric(spec)
-    for batch in spec.batches:
-        preds, labels, weights = _tensors(spec, batch)
-        metric.update(predictions=preds, labels=labels, weights=weights)
-    report = metric.compute()
+    report = torchrec_report(spec)
     _, names, _, window_kind = METRICS[spec.metric]
     holds = reference.window_of_samples if window_kind == "samples" else reference.window_of_batches
     compared = 0

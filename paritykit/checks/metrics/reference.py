@@ -14,6 +14,8 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   FP = sum w*[p >= t]*(1-l), FN = sum w*[p < t]*l
     AUC         = sum over positive i, negative j of w_i w_j [p_i > p_j] (+ half on ties), over
                   sum w*l * sum w*(1-l)                      (0.5 when either sum is 0)
+    unweighted NE = NE with every weight 1; num_positive_samples = pos; sum_weights = sum w;
+    weighted_sum_predictions = sum w*p
 where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5).
 
 Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
@@ -110,6 +112,22 @@ def auc(samples: list[Sample]) -> float:
     ranked = math.fsum(wi * wj * (1.0 if pi > pj else 0.5 if pi == pj else 0.0)
                        for pi, wi in positives for pj, wj in negatives)
     return ranked / (pos * neg)
+
+
+def unweighted_ne(samples: list[Sample]) -> float:
+    return ne([(p, l, 1.0) for p, l, _ in samples])
+
+
+def num_positive_samples(samples: list[Sample]) -> float:
+    return _sums(samples)[1]
+
+
+def sum_weights(samples: list[Sample]) -> float:
+    return _sums(samples)[0]
+
+
+def weighted_sum_predictions(samples: list[Sample]) -> float:
+    return math.fsum(w * p for p, _, w in samples)
 
 
 def window_of_batches(batches: list[list[Sample]], local_window: int) -> list[Sample]:

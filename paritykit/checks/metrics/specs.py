@@ -30,6 +30,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "precision": ("torchrec.metrics.precision.PrecisionMetric", ("precision",), {}, "batches"),
     "recall": ("torchrec.metrics.recall.RecallMetric", ("recall",), {}, "batches"),
     "auc": ("torchrec.metrics.auc.AUCMetric", ("auc",), {}, "samples"),
+    "unweighted_ne": ("torchrec.metrics.unweighted_ne.UnweightedNEMetric", ("unweighted_ne",), {}, "batches"),
+    "num_positive_samples": ("torchrec.metrics.num_positive_samples.NumPositiveSamplesMetric", ("num_positive_samples",), {}, "batches"),
+    "sum_weights": ("torchrec.metrics.sum_weights.SumWeightsMetric", ("sum_weights",), {}, "batches"),
+    "weighted_sum_predictions": ("torchrec.metrics.weighted_sum_predictions.WeightedSumPredictionsMetric",
+                                 ("weighted_sum_predictions",), {}, "batches"),
 }
 COMPUTE_MODES = ("unfused", "fused")
 
@@ -43,11 +48,14 @@ class MetricSpec:
     window_size: int
     # batches[b][t] = the samples of task t in batch b: (prediction, label, weight) each.
     batches: tuple[tuple[tuple[tuple[float, float, float], ...], ...], ...]
+    # "class": the metric class itself; "module": a RecMetricModule built by generate_metric_module from a
+    # MetricsConfig and fed the model's output dict, the way a trainer runs it.
+    via: str = "class"
 
     def case_id(self) -> str:
         stream = " | ".join("; ".join(" ".join(f"{p:g}/{l:g}/{w:g}" for p, l, w in task) for task in batch)
                             for batch in self.batches)
-        return (f"{self.metric} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
+        return (f"{self.metric} via {self.via} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {stream}")
 
 
@@ -78,7 +86,8 @@ def metric_specs(draw: st.DrawFn, metric: str) -> MetricSpec:
             weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
             per_task.append(tuple(zip(values, labels, weights)))
         batches.append(tuple(per_task))
-    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, tuple(batches))
+    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, tuple(batches),
+                      via=draw(st.sampled_from(("class", "module"))))
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -101,4 +110,4 @@ def _off_threshold(stream: tuple) -> tuple:
 
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
     stream = _off_threshold(_STREAM) if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None else _STREAM
-    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream))
+    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"))
