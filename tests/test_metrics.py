@@ -4,16 +4,18 @@ known-broken reproduction judged as a known issue."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from paritykit.checks import known_issues
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.cases import TASK_NAMES, torchrec_report
+from paritykit.checks.metrics.cases import TASK_NAMES, _compare, run_metric_case, torchrec_report
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN
-from paritykit.checks.metrics.specs import MetricSpec, pinned
+from paritykit.checks.metrics.specs import MetricSpec, pinned, pinned_on_ranks
 from paritykit.checks.runner import GateConfig
+from paritykit.errors import ParityError
 from paritykit.gate.selftest import run_clean, run_plant
 from paritykit.harness import plants
 from paritykit.harness.versions import installed_versions
@@ -93,3 +95,13 @@ def test_clean_run_fails_only_on_the_known_broken_cases_which_are_known_issues(c
     judged = known_issues.apply(clean_run.results, known_issues.load(), installed_versions()).cases
     broken = [r for r in judged if r.case_id.startswith("known-broken ")]
     assert len(broken) == len(KNOWN_BROKEN) and all(r.status == "known-issue" for r in broken)
+
+
+@pytest.mark.parametrize("metric", ["ne", "auc", "calibration"])
+def test_two_ranks_reduce_to_the_formula_over_both_streams(metric, rank_pool):
+    (spec,) = pinned_on_ranks(metric, 2)
+    assert run_metric_case(spec, rank_pool)["compared"] > 0
+    # What a reduction that left rank 1 out would report (rank 0's stream alone) fails the comparison.
+    alone = torchrec_report(dataclasses.replace(spec, rank_batches=()))
+    with pytest.raises(ParityError):
+        _compare(spec, alone, "rank 0 alone")

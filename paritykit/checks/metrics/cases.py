@@ -18,7 +18,7 @@ import torch
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.specs import METRICS, MetricSpec
 from paritykit.compare.bounds import unit_roundoff
-from paritykit.errors import ParityError, expect
+from paritykit.errors import HarnessError, ParityError, expect
 
 TASK_NAMES = ("task_a", "task_b")
 
@@ -36,15 +36,15 @@ def _mode(spec: MetricSpec) -> Any:
     return RecComputeMode.FUSED_TASKS_COMPUTATION if spec.compute_mode == "fused" else RecComputeMode.UNFUSED_TASKS_COMPUTATION
 
 
-def _metric(spec: MetricSpec) -> Any:
+def _metric(spec: MetricSpec, rank: int) -> Any:
     path, _, extra, _ = METRICS[spec.metric]
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
-    return cls(world_size=1, my_rank=0, batch_size=spec.batch_size, tasks=_tasks(spec), compute_mode=_mode(spec),
-               window_size=spec.window_size, **extra)
+    return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
+               compute_mode=_mode(spec), window_size=spec.window_size, **extra)
 
 
-def _metric_module(spec: MetricSpec) -> Any:
+def _metric_module(spec: MetricSpec, rank: int) -> Any:
     from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
     from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum
 
@@ -53,15 +53,17 @@ def _metric_module(spec: MetricSpec) -> Any:
     config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
         rec_tasks=tasks, window_size=spec.window_size, arguments=dict(extra) or None)},
         throughput_metric=None, rec_compute_mode=_mode(spec), state_metrics=[])
-    return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=1, my_rank=0,
-                                  state_metrics_mapping={}, device=torch.device("cpu"))
+    return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
+                                  my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"))
 
 
-def torchrec_report(spec: MetricSpec) -> dict[str, Any]:
-    """What torchrec reports after the spec's stream: the metric class's compute(), or the module's."""
+def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
+    """What torchrec reports on ``rank`` after that rank's stream: the metric class's compute(), or the
+    module's (on several ranks, compute() reduces every rank's states: call it on every rank)."""
+    stream = spec.streams()[rank]
     if spec.via == "module":
-        module = _metric_module(spec)
-        for batch in spec.batches:
+        module = _metric_module(spec, rank)
+        for batch in stream:
             preds, labels, weights = _tensors(spec, batch)
             model_out = {}
             for t in range(spec.tasks):
@@ -69,11 +71,18 @@ def torchrec_report(spec: MetricSpec) -> dict[str, Any]:
                 model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
             module.update(model_out)
         return module.compute()
-    metric = _metric(spec)
-    for batch in spec.batches:
+    metric = _metric(spec, rank)
+    for batch in stream:
         preds, labels, weights = _tensors(spec, batch)
         metric.update(predictions=preds, labels=labels, weights=weights)
     return metric.compute()
+
+
+def report_on_rank(spec: MetricSpec) -> dict[str, float]:
+    """Run on every rank of a pool: this rank's report, as plain numbers."""
+    import torch.distributed as dist
+
+    return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec, dist.get_rank()).items() if v.numel() == 1}
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
@@ -91,6 +100,8 @@ def _reported(report: dict[str, Any], task: str, prefix: str, name: str) -> floa
     keys = [k for k in report if k.endswith(suffix)]
     expect(len(keys) == 1, f"the report has {len(keys)} values named *{suffix} (keys: {sorted(report)})")
     value = report[keys[0]]
+    if isinstance(value, float):
+        return value
     expect(value.numel() == 1, f"{keys[0]} holds {value.numel()} values, not one")
     return float(value.reshape(-1)[0])
 
@@ -109,17 +120,33 @@ def _defined(name: str, samples: list) -> bool:
     return True
 
 
-def run_metric_case(spec: MetricSpec) -> dict[str, Any]:
-    report = torchrec_report(spec)
+def run_metric_case(spec: MetricSpec, pool: Any = None) -> dict[str, Any]:
+    """Single-rank specs run here; a spec of several ranks runs on ``pool``, and rank 0's report (the
+    reduced values; other ranks may report nothing, or the same) is compared."""
+    if spec.world_size == 1:
+        reports = [torchrec_report(spec)]
+    else:
+        if pool is None or pool.world_size != spec.world_size:
+            raise HarnessError(f"a metrics case of {spec.world_size} ranks needs a pool of that size")
+        reports = pool.call(report_on_rank, (spec,), case=spec.case_id())
+    compared = _compare(spec, reports[0], "rank 0")
+    for rank, other in enumerate(reports[1:], start=1):
+        if other:  # a rank that computes reports the reduced values too
+            _compare(spec, other, f"rank {rank}")
+    return {"compared": compared}
+
+
+def _compare(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
     _, names, _, window_kind = METRICS[spec.metric]
     holds = reference.window_of_samples if window_kind == "samples" else reference.window_of_batches
+    local_window = -(-spec.window_size // spec.world_size)
     compared = 0
     for t in range(spec.tasks):
         task = TASK_NAMES[t]
-        stream = [list(batch[t]) for batch in spec.batches]
-        spans = {"window": holds(stream, spec.window_size)}
+        streams = [[list(batch[t]) for batch in stream] for stream in spec.streams()]
+        spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
         if spec.metric != "auc":  # AUC reports its window only
-            spans["lifetime"] = [s for b in stream for s in b]
+            spans["lifetime"] = [s for stream in streams for b in stream for s in b]
         for prefix, samples in spans.items():
             for name in names:
                 if not _defined(name, samples):
@@ -129,8 +156,7 @@ def run_metric_case(spec: MetricSpec) -> dict[str, Any]:
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if not abs(got - want) <= bound:
                     raise ParityError(
-                        f"{spec.metric}: task {task} {prefix} {name} = {got:.9g}, the formula over the {len(samples)} "
+                        f"{spec.metric} ({who}): task {task} {prefix} {name} = {got:.9g}, the formula over the {len(samples)} "
                         f"samples it holds gives {want:.9g} (off by {abs(got - want):.3g}; bound {bound:.3g})")
                 compared += 1
-    expect(compared > 0 or all(not _defined(n, []) for n in names), "nothing compared")
-    return {"compared": compared}
+    return compared

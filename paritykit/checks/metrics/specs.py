@@ -51,43 +51,59 @@ class MetricSpec:
     # "class": the metric class itself; "module": a RecMetricModule built by generate_metric_module from a
     # MetricsConfig and fed the model's output dict, the way a trainer runs it.
     via: str = "class"
+    # The streams of ranks 1, 2, ... when the metric runs on several ranks (``batches`` is rank 0's).
+    rank_batches: tuple = ()
+
+    @property
+    def world_size(self) -> int:
+        return 1 + len(self.rank_batches)
+
+    def streams(self) -> tuple:
+        return (self.batches,) + tuple(self.rank_batches)
 
     def case_id(self) -> str:
-        stream = " | ".join("; ".join(" ".join(f"{p:g}/{l:g}/{w:g}" for p, l, w in task) for task in batch)
-                            for batch in self.batches)
-        return (f"{self.metric} via {self.via} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
-                f"window_size={self.window_size} batches: {stream}")
+        streams = " || ".join(" | ".join("; ".join(" ".join(f"{p:g}/{l:g}/{w:g}" for p, l, w in task) for task in batch)
+                                         for batch in stream) for stream in self.streams())
+        ranks = "" if self.world_size == 1 else f" world_size={self.world_size}"
+        return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
+                f"window_size={self.window_size} batches: {streams}")
 
 
 @st.composite
-def metric_specs(draw: st.DrawFn, metric: str) -> MetricSpec:
+def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpec:
     tasks = draw(st.integers(1, 2))
     batch_size = draw(st.integers(1, 5))
     count = draw(st.integers(1, 5))
-    window = draw(st.integers(batch_size, batch_size * 6))  # torchrec needs a window of a batch at least
+    # torchrec needs a window of a batch at least on every rank (its local window is window / world size)
+    window = draw(st.integers(batch_size * world_size, batch_size * world_size * 6))
     grid = [k / 20 for k in range(1, 20)]
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
     prediction = st.sampled_from(grid) if metric != "auc" else None
     weight = st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0))
+    per_stream = count * batch_size
     distinct = None
-    if prediction is None:  # AUC: every prediction of a task's stream distinct
-        distinct = [draw(st.lists(st.integers(1, 999), min_size=count * batch_size, max_size=count * batch_size, unique=True))
-                    for _ in range(tasks)]
-    batches = []
-    for b in range(count):
-        per_task = []
-        for t in range(tasks):
-            if distinct is not None:
-                values = [p / 1000 for p in distinct[t][b * batch_size:(b + 1) * batch_size]]
-            else:
-                values = draw(st.lists(prediction, min_size=batch_size, max_size=batch_size))
-            labels = draw(st.lists(st.sampled_from((0.0, 1.0)), min_size=batch_size, max_size=batch_size))
-            weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
-            per_task.append(tuple(zip(values, labels, weights)))
-        batches.append(tuple(per_task))
-    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, tuple(batches),
-                      via=draw(st.sampled_from(("class", "module"))))
+    if prediction is None:  # AUC: every prediction of a task distinct over every rank's stream
+        distinct = [draw(st.lists(st.integers(1, 999), min_size=per_stream * world_size, max_size=per_stream * world_size,
+                                  unique=True)) for _ in range(tasks)]
+    streams = []
+    for rank in range(world_size):
+        batches = []
+        for b in range(count):
+            per_task = []
+            for t in range(tasks):
+                if distinct is not None:
+                    start = rank * per_stream + b * batch_size
+                    values = [p / 1000 for p in distinct[t][start:start + batch_size]]
+                else:
+                    values = draw(st.lists(prediction, min_size=batch_size, max_size=batch_size))
+                labels = draw(st.lists(st.sampled_from((0.0, 1.0)), min_size=batch_size, max_size=batch_size))
+                weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
+                per_task.append(tuple(zip(values, labels, weights)))
+            batches.append(tuple(per_task))
+        streams.append(tuple(batches))
+    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, streams[0],
+                      via=draw(st.sampled_from(("class", "module"))), rank_batches=tuple(streams[1:]))
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -108,6 +124,25 @@ def _off_threshold(stream: tuple) -> tuple:
     return tuple(tuple(tuple((0.55 if p == THRESHOLD else p, l, w) for p, l, w in task) for task in batch) for batch in stream)
 
 
+def _stream(metric: str) -> tuple:
+    return _off_threshold(_STREAM) if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None else _STREAM
+
+
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
-    stream = _off_threshold(_STREAM) if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None else _STREAM
+    stream = _stream(metric)
     return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"))
+
+
+def _mirrored(stream: tuple) -> tuple:
+    """Another rank's stream: the same labels and weights, predictions mirrored (1 - p, moved by 0.001
+    off every prediction of rank 0's grid), the batches reversed."""
+    return tuple(tuple(tuple((round(1.001 - p, 4), l, w) for p, l, w in task) for task in batch) for batch in reversed(stream))
+
+
+def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
+    """On two ranks, through RecMetricModule, tasks fused: rank 0 the pinned stream, rank 1 its mirror; a
+    window of 13 samples (7 a rank: two of its batches of 3)."""
+    if world_size != 2:
+        return ()
+    stream = _stream(metric)
+    return (MetricSpec(metric, 2, "fused", 3, 13, stream, via="module", rank_batches=(_mirrored(stream),)),)
