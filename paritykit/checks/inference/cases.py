@@ -2,9 +2,10 @@
 
 1. torchrec's quantizer: every stored row, read back by hand, lies within half a quantization step of
    the float row it came from (fp16: one rounding; fp32: exact), the step being the row's stored scale;
-2. the unsharded quantized module (QuantEmbeddingBagCollection / QuantEmbeddingCollection): every
-   output equals the lookup by hand of the stored rows (pooled: summed or averaged, times the
-   per-sample weights; sequence: the rows and the input's lengths), in the output dtype asked for;
+2. the unsharded quantized module (QuantEmbeddingBagCollection / QuantEmbeddingCollection), eager and
+   traced by ``torchrec.fx.symbolic_trace``: every output equals the lookup by hand of the stored rows
+   (pooled: summed or averaged, times the per-sample weights; sequence: the rows and the input's
+   lengths), in the output dtype asked for;
 3. the same module sharded for inference on CPU (table-, row-, column-wise): the same outputs, and its
    state dict puts every stored entry, scale and bias of each shard where the unsharded table has it,
    covering the table once.
@@ -180,6 +181,13 @@ def _logical_columns(piece: torch.Tensor, table: QuantTable) -> int:
     return piece.shape[1]
 
 
+def _traced(module: torch.nn.Module) -> torch.nn.Module:
+    """The module as torchrec.fx.symbolic_trace gives it, the way an inference model is packaged."""
+    from torchrec.fx import symbolic_trace
+
+    return symbolic_trace(module)
+
+
 def run_quant_case(spec: QuantSpec) -> dict[str, Any]:
     float_module = quant_modules.float_module(spec)
     quant = quant_modules.quantized(spec, float_module)
@@ -189,6 +197,8 @@ def run_quant_case(spec: QuantSpec) -> dict[str, Any]:
     expected = expected_outputs(spec, stored)
     batch = quant_modules.features(spec)
     check_outputs(spec, "unsharded quantized module", quant(batch), expected)
+    if spec.traced:
+        check_outputs(spec, "unsharded quantized module traced by torchrec.fx", _traced(quant)(batch), expected)
     if not spec.sharded:
         return {"tables": len(spec.tables), "features": len(spec.features), "world_size": 0}
     with quant_modules.devices_propagated():

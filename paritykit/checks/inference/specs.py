@@ -61,6 +61,9 @@ class QuantSpec:
     seed: int = 0
     # Whether the case shards the module too (not where a known torchrec defect keeps a table kind out).
     sharded: bool = True
+    # Whether the unsharded module is also traced by torchrec.fx (a quarter of the draws: tracing costs
+    # more than the rest of a case).
+    traced: bool = False
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -74,7 +77,7 @@ class QuantSpec:
         tables = " ".join(t.label() for t in self.tables)
         bags = "; ".join(f"{f}={[list(b) for b in bags]}" for f, bags in zip(self.features, self.bags))
         weights = "" if self.weights is None else f" weights={[[list(w) for w in ws] for ws in self.weights]}"
-        where = f"world_size={self.world_size}" if self.sharded else "unsharded only"
+        where = (f"world_size={self.world_size}" if self.sharded else "unsharded only") + (" traced" if self.traced else "")
         return (f"{self.module} {where} out={self.output_dtype} {tables} "
                 f"bags: {bags}{weights} seed={self.seed}")
 
@@ -137,7 +140,8 @@ def quant_specs(draw: st.DrawFn, module: str) -> QuantSpec:
     floats = any(t.kind in FLOAT_KINDS for t in tables)
     return QuantSpec(module, tuple(tables), world_size, tuple(bags), weights,
                      output_dtype=draw(st.sampled_from(OUTPUT_DTYPES)), seed=draw(st.integers(0, 2**16)),
-                     sharded=not (floats and rule_kept_out(FLOAT_TABLE_SHARDED) is not None))
+                     sharded=not (floats and rule_kept_out(FLOAT_TABLE_SHARDED) is not None),
+                     traced=draw(st.sampled_from((False, False, False, True))))
 
 
 def _t(name: str, rows: int, dim: int, kind: str, features: tuple[str, ...], placement: str, mean: bool = False) -> QuantTable:
@@ -150,7 +154,7 @@ def _t(name: str, rows: int, dim: int, kind: str, features: tuple[str, ...], pla
 PINNED: dict[str, tuple[QuantSpec, ...]] = {
     "ebc": (
         QuantSpec("ebc", (_t("t0", 6, 12, "int8", ("f0",), "cw:1,0,1"), _t("t1", 5, 8, "int4", ("f1", "f2"), "tw:0", True)), 2,
-                  (((1, 5), (0,)), ((), (4, 4, 1)), ((2,), ())), None),
+                  (((1, 5), (0,)), ((), (4, 4, 1)), ((2,), ())), None, traced=True),
         QuantSpec("ebc", (_t("t0", 3, 8, "int2", ("f0",), "rw"), _t("t1", 9, 16, "int4", ("f1",), "cw:2,0,1,0"),
                           _t("t2", 4, 4, "int8", ("f2",), "tw:2")), 4,
                   (((0, 2), (1,), ()), ((8, 0, 3), (), (5,)), ((3,), (0, 1), (2, 2))), None, output_dtype="float16", seed=1),
@@ -164,7 +168,7 @@ PINNED: dict[str, tuple[QuantSpec, ...]] = {
     ),
     "ec": (
         QuantSpec("ec", (_t("t0", 5, 8, "int4", ("f0",), "rw"), _t("t1", 3, 8, "int8", ("f1", "f2"), "tw:1")), 2,
-                  (((4, 0, 2), ()), ((1,), (2, 0)), ((), (1,))), None, seed=3),
+                  (((4, 0, 2), ()), ((1,), (2, 0)), ((), (1,))), None, seed=3, traced=True),
         QuantSpec("ec", (_t("t0", 2, 8, "int2", ("f0",), "rw"), _t("t1", 6, 8, "int8", ("f1",), "tw:0")), 3,
                   (((1, 0), (1,)), ((5,), ())), None, output_dtype="bfloat16", seed=4),
         QuantSpec("ec", (_t("t0", 3, 4, "fp16", ("f0",), "tw:0"),), 1, (((2, 0, 2), ()),), None, output_dtype="float16",
