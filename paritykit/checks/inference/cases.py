@@ -6,9 +6,10 @@
    traced by ``torchrec.fx.symbolic_trace``: every output equals the lookup by hand of the stored rows
    (pooled: summed or averaged, times the per-sample weights; sequence: the rows and the input's
    lengths), in the output dtype asked for;
-3. the same module sharded for inference on CPU (table-, row-, column-wise): the same outputs, and its
-   state dict puts every stored entry, scale and bias of each shard where the unsharded table has it,
-   covering the table once.
+3. the same module sharded for inference on CPU (table-, row-, column-wise): a sharded module, the same
+   outputs; its state dict puts every stored entry, scale and bias of each shard where the unsharded
+   table has it, in as many shards as the plan says, covering the table once; and that state dict
+   loaded into the same plan sharded from other weights gives the same outputs again.
 The bound of 2 and 3 is the rounding of a sum of the bag's terms in the output dtype
 (``summation_tolerance``): a wrong row, a lost bias or scale, a misplaced column shard is off by
 the values themselves.
@@ -16,6 +17,7 @@ the values themselves.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -149,7 +151,12 @@ def check_sharded_state(spec: QuantSpec, sharded_state: dict[str, Any], state: d
         expect(key in sharded_state, f"sharded state dict: no {key} for table {table.name} ({table.placement})")
         whole = quant_reference.codes(state[key], table.kind, table.dim)
         covered = torch.zeros(table.rows, table.dim, dtype=torch.int64)
-        for (row, column), piece in _pieces(sharded_state[key]):
+        pieces = _pieces(sharded_state[key])
+        held = sum(1 for _, piece in pieces if piece.numel() > 0)
+        expect(held == _expected_shards(table, spec.world_size),
+               f"sharded state dict: table {table.name} ({table.placement}) is held in {held} non-empty shards, its plan "
+               f"places it in {_expected_shards(table, spec.world_size)}")
+        for (row, column), piece in pieces:
             rows, columns = piece.shape[0], _logical_columns(piece, table)
             mine = quant_reference.codes(piece, table.kind, columns)
             want = whole[row:row + rows, column:column + columns]
@@ -172,6 +179,18 @@ def check_sharded_state(spec: QuantSpec, sharded_state: dict[str, Any], state: d
                 if not torch.equal(piece.reshape(want.shape), want):
                     raise ParityError(f"sharded state dict: table {table.name} ({table.placement}): {suffix[1:]} of rows "
                                       f"{row}+{piece.shape[0]} differs from the unsharded table's")
+
+
+def _expected_shards(table: QuantTable, world_size: int) -> int:
+    """How many non-empty shards the plan gives a table: one table-wise, one per listed rank column-wise,
+    row-wise one per block of ceil(rows / world_size) rows."""
+    kind, _, ranks = table.placement.partition(":")
+    if kind == "cw":
+        return len(ranks.split(","))
+    if kind == "rw":
+        block = -(-table.rows // world_size)
+        return -(-table.rows // block)
+    return 1
 
 
 def _logical_columns(piece: torch.Tensor, table: QuantTable) -> int:
@@ -203,6 +222,16 @@ def run_quant_case(spec: QuantSpec) -> dict[str, Any]:
         return {"tables": len(spec.tables), "features": len(spec.features), "world_size": 0}
     with quant_modules.devices_propagated():
         sharded, _plan = quant_modules.sharded(spec, quant)
+        expect(type(sharded).__name__.startswith("Sharded"),
+               f"shard_quant_model left the module a {type(sharded).__name__}: the plan names it, it should be sharded")
         check_outputs(spec, f"sharded on {spec.world_size} ranks", sharded(batch), expected)
-        check_sharded_state(spec, sharded.state_dict(), state)
+        sharded_state = sharded.state_dict()
+        check_sharded_state(spec, sharded_state, state)
+        # The sharded state reloaded into the same plan (a module sharded from other weights): the same
+        # outputs. That module runs a forward first: a sharded inference module creates its output dists,
+        # whose buffers its state dict then holds, at its first forward.
+        other, _ = quant_modules.sharded(spec, quant_modules.quantized(spec, quant_modules.float_module(replace(spec, seed=spec.seed + 1))))
+        other(batch)
+        other.load_state_dict(sharded_state)
+        check_outputs(spec, "sharded, reloaded from the sharded state dict", other(batch), expected)
     return {"tables": len(spec.tables), "features": len(spec.features), "world_size": spec.world_size}
