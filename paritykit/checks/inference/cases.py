@@ -183,10 +183,12 @@ def check_sharded_state(spec: QuantSpec, sharded_state: dict[str, Any], state: d
 
 def _expected_shards(table: QuantTable, world_size: int) -> int:
     """How many non-empty shards the plan gives a table: one table-wise, one per listed rank column-wise,
-    row-wise one per block of ceil(rows / world_size) rows."""
+    row-wise one per block of ceil(rows / world_size) rows, or one per rank given rows."""
     kind, _, ranks = table.placement.partition(":")
     if kind == "cw":
         return len(ranks.split(","))
+    if kind == "rw" and ranks:
+        return sum(1 for n in ranks.split(",") if int(n) > 0)
     if kind == "rw":
         block = -(-table.rows // world_size)
         return -(-table.rows // block)

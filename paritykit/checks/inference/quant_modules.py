@@ -95,7 +95,7 @@ def _generator(table: QuantTable) -> Any:
     if kind == "tw":
         return sp.table_wise(rank=int(ranks))
     if kind == "rw":
-        return sp.row_wise()
+        return sp.row_wise(sizes_placement=([int(n) for n in ranks.split(",")], "cpu")) if ranks else sp.row_wise()
     if kind == "cw":
         return sp.column_wise(ranks=[int(r) for r in ranks.split(",")])
     raise HarnessError(f"table {table.name}: unknown placement {table.placement!r}")

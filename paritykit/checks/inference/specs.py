@@ -2,7 +2,8 @@
 
 A case is one module (``ebc``, ``weighted-ebc`` or ``ec``) of a few tables, each with its own weight
 kind (int8, int4, int2, fp16, fp32) and placement on ``world_size`` ranks of one inference host:
-``tw:R`` (table-wise on rank R), ``rw`` (row-wise over every rank) or ``cw:R,R,..`` (column-wise
+``tw:R`` (table-wise on rank R), ``rw`` (row-wise over every rank in torchrec's even blocks),
+``rw:N,N,..`` (row-wise, that many rows on each rank in rank order, for inference) or ``cw:R,R,..`` (column-wise
 shards on those ranks, in any order, repeats allowed; pooled modules only: torchrec shards an
 inference EC on CPU table- or row-wise). Inference sharding keeps every rank in the one process, so
 the world sizes are drawn here, not taken from the gate's pools.
@@ -23,7 +24,8 @@ FLOAT_KINDS = ("fp16", "fp32")
 # Another: a row-wise MEAN table of a sharded quantized EBC averages each shard's ids on its own and
 # sums the averages.
 ROW_WISE_MEAN = "quant-ebc-row-wise-mean-per-shard"
-# And: an int4 or int2 table of one row sharded row-wise cannot be loaded from the unsharded state dict.
+# And: an int4 or int2 table sharded row-wise with one shard holding every row (a table of one row,
+# or uneven sizes giving one rank them all) cannot be loaded from the unsharded state dict.
 PACKED_ONE_ROW = "quant-packed-one-row-table-row-wise"
 PACKED_KINDS = ("int4", "int2")
 
@@ -40,7 +42,7 @@ class QuantTable:
     dim: int
     kind: str  # one of WEIGHT_KINDS
     features: tuple[str, ...]
-    placement: str  # "tw:R", "rw" or "cw:R,R,.."
+    placement: str  # "tw:R", "rw", "rw:N,N,.." or "cw:R,R,.."
     mean: bool = False  # pooled modules: MEAN pooling rather than SUM
 
     def label(self) -> str:
@@ -82,6 +84,11 @@ class QuantSpec:
                 f"bags: {bags}{weights} seed={self.seed}")
 
 
+def _one_shard_holds_all(table: QuantTable) -> bool:
+    sizes = table.placement.partition(":")[2]
+    return table.rows == 1 or (bool(sizes) and str(table.rows) in sizes.split(","))
+
+
 def widths(kind: str) -> tuple[int, ...]:
     """The widths fbgemm stores a table of ``kind`` in: a packed row must fill whole fp16 words (2 bytes),
     so int2 rows are a multiple of 8 entries, int4 rows of 4 (its refusal otherwise: "ncols needs to be
@@ -90,13 +97,17 @@ def widths(kind: str) -> tuple[int, ...]:
 
 
 @st.composite
-def _placement(draw: st.DrawFn, world_size: int, pooled: bool, dim: int, shard_dims: tuple[int, ...]) -> str:
+def _placement(draw: st.DrawFn, world_size: int, pooled: bool, dim: int, shard_dims: tuple[int, ...], rows: int) -> str:
     choices = ["tw", "rw"] + (["cw"] if pooled and shard_dims else [])
     kind = draw(st.sampled_from(choices))
     if kind == "tw":
         return f"tw:{draw(st.integers(0, world_size - 1))}"
     if kind == "rw":
-        return "rw"
+        if not draw(st.booleans()):
+            return "rw"  # torchrec's even blocks
+        cuts = sorted(draw(st.lists(st.integers(0, rows), min_size=world_size - 1, max_size=world_size - 1)))
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [rows])]
+        return "rw:" + ",".join(map(str, sizes))  # the rows of each rank, in rank order (some may hold none)
     shards = dim // draw(st.sampled_from(shard_dims))
     ranks = draw(st.lists(st.integers(0, world_size - 1), min_size=shards, max_size=shards))
     return "cw:" + ",".join(map(str, ranks))
@@ -118,15 +129,16 @@ def quant_specs(draw: st.DrawFn, module: str) -> QuantSpec:
         shard_dims = tuple(d for d in (least, 2 * least) if dim % d == 0 and dim // d > 1) or (dim,)
         features = tuple(f"f{feature_number + k}" for k in range(draw(st.integers(1, 2))))
         feature_number += len(features)
+        rows = draw(st.integers(1, 12))
         tables.append(QuantTable(
-            name=f"t{index}", rows=draw(st.integers(1, 12)), dim=dim, kind=kind,
-            features=features, placement=draw(_placement(world_size, pooled, dim, shard_dims)),
+            name=f"t{index}", rows=rows, dim=dim, kind=kind,
+            features=features, placement=draw(_placement(world_size, pooled, dim, shard_dims, rows)),
             mean=pooled and draw(st.booleans())))
-        if tables[-1].placement == "rw":
+        if tables[-1].placement.startswith("rw"):
             if tables[-1].mean and rule_kept_out(ROW_WISE_MEAN) is not None:
                 tables[-1] = replace(tables[-1], mean=False)
-            if tables[-1].rows == 1 and kind in PACKED_KINDS and rule_kept_out(PACKED_ONE_ROW) is not None:
-                tables[-1] = replace(tables[-1], rows=2)
+            if kind in PACKED_KINDS and _one_shard_holds_all(tables[-1]) and rule_kept_out(PACKED_ONE_ROW) is not None:
+                tables[-1] = replace(tables[-1], placement="tw:0")
     batch = draw(st.integers(1, 4))
     bags = []
     for table in tables:
