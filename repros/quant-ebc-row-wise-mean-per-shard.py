@@ -186,8 +186,6 @@ def read_result(scratch: str, rank: int, ended: str) -> dict:
 
 
 def main() -> int:
-    import copy
-
     from torch.ao import quantization as quant
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
     from torchrec.distributed.fused_params import FUSED_PARAM_QUANT_STATE_DICT_SPLIT_SCALE_BIAS
@@ -216,7 +214,7 @@ def main() -> int:
     plan = ShardingPlan({"ebc": construct_module_sharding_plan(quantized, per_param_sharding={"t0": row_wise()},
                                                                local_size=2, world_size=2, device_type="cpu", sharder=sharder)})
     holder = torch.nn.Module()
-    holder.ebc = copy.deepcopy(quantized)
+    holder.ebc = qmodules.EmbeddingBagCollection.from_float(ebc)  # a second copy to shard (the same quantization)
     set_propogate_device(True)  # inference lookups on the sharding's device type (CPU), not "cuda"
     batch = KeyedJaggedTensor.from_lengths_sync(keys=["f0"], values=torch.tensor([0, 7]), lengths=torch.tensor([2]))
     try:

@@ -186,8 +186,6 @@ def read_result(scratch: str, rank: int, ended: str) -> dict:
 
 
 def main() -> int:
-    import copy
-
     from torch.ao import quantization as quant
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed.fused_params import FUSED_PARAM_QUANT_STATE_DICT_SPLIT_SCALE_BIAS
@@ -215,7 +213,7 @@ def main() -> int:
         values = stored.view(torch.float16).float()
     expected = (values[1] + values[2])[None, :]
     holder = torch.nn.Module()
-    holder.ebc = copy.deepcopy(quantized)
+    holder.ebc = qmodules.EmbeddingBagCollection.from_float(ebc)  # a second copy to shard (the same quantization)
     sharder = QuantEmbeddingBagCollectionSharder(fused_params={FUSED_PARAM_QUANT_STATE_DICT_SPLIT_SCALE_BIAS: True})
     plan = ShardingPlan({"ebc": construct_module_sharding_plan(quantized, per_param_sharding={"t0": table_wise(rank=0)},
                                                                local_size=1, world_size=1, device_type="cpu", sharder=sharder)})
