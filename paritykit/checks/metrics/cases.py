@@ -95,14 +95,15 @@ def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
     return preds, labels, weights
 
 
-def _reported(report: dict[str, Any], task: str, prefix: str, name: str) -> float:
-    suffix = f"-{task}|{prefix}_{name}"
-    keys = [k for k in report if k.endswith(suffix)]
-    expect(len(keys) == 1, f"the report has {len(keys)} values named *{suffix} (keys: {sorted(report)})")
-    value = report[keys[0]]
+def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name: str) -> float:
+    """The value torchrec names ``<metric>-<task>|<prefix>_<name>`` (the metric's namespace is its name):
+    the key is part of what users read, so another name fails too."""
+    key = f"{metric}-{task}|{prefix}_{name}"
+    expect(key in report, f"the report has no {key} (it has {sorted(report)})")
+    value = report[key]
     if isinstance(value, float):
         return value
-    expect(value.numel() == 1, f"{keys[0]} holds {value.numel()} values, not one")
+    expect(value.numel() == 1, f"{key} holds {value.numel()} values, not one")
     return float(value.reshape(-1)[0])
 
 
@@ -152,7 +153,7 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
                 if not _defined(name, samples):
                     continue
                 want = getattr(reference, name)(samples)
-                got = _reported(report, task, prefix, name)
+                got = _reported(report, spec.metric, task, prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if not abs(got - want) <= bound:
                     raise ParityError(
