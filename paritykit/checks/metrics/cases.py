@@ -18,7 +18,7 @@ import torch
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.specs import METRICS, MetricSpec
 from paritykit.compare.bounds import unit_roundoff
-from paritykit.errors import HarnessError, ParityError, expect
+from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
 TASK_NAMES = ("task_a", "task_b")
 
@@ -134,6 +134,8 @@ def run_metric_case(spec: MetricSpec, pool: Any = None) -> dict[str, Any]:
     for rank, other in enumerate(reports[1:], start=1):
         if other:  # a rank that computes reports the reduced values too
             _compare(spec, other, f"rank {rank}")
+    if compared == 0:
+        raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
     return {"compared": compared}
 
 
