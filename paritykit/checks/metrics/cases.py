@@ -110,8 +110,7 @@ def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name:
 def _defined(name: str, samples: list) -> bool:
     """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight:
     undefined (torchrec returns a clamped or infinite value) when those are zero."""
-    weight, pos, neg = (sum(w for _, _, w in samples), sum(w * l for _, l, w in samples),
-                        sum(w * (1 - l) for _, l, w in samples))
+    weight, pos, neg = reference.sums(samples)
     if name == "ne":
         return pos > 0 and neg > 0
     if name == "unweighted_ne":

@@ -32,7 +32,8 @@ Sample = tuple[float, float, float]  # prediction, label, weight
 THRESHOLD = 0.5
 
 
-def _sums(samples: list[Sample]) -> tuple[float, float, float]:
+def sums(samples: list[Sample]) -> tuple[float, float, float]:
+    """(sum w, pos, neg) of the samples."""
     weight = math.fsum(w for _, _, w in samples)
     pos = math.fsum(w * l for _, l, w in samples)
     neg = math.fsum(w * (1.0 - l) for _, l, w in samples)
@@ -44,14 +45,14 @@ def _cross_entropy(samples: list[Sample]) -> float:
 
 
 def ne(samples: list[Sample]) -> float:
-    weight, pos, neg = _sums(samples)
+    weight, pos, neg = sums(samples)
     mean = pos / weight
     norm = -pos * math.log2(mean) - neg * math.log2(1.0 - mean)
     return _cross_entropy(samples) / norm
 
 
 def logloss(samples: list[Sample]) -> float:
-    _, pos, neg = _sums(samples)
+    _, pos, neg = sums(samples)
     return _cross_entropy(samples) / (pos + neg)
 
 
@@ -60,17 +61,17 @@ def _ratio(num: float, den: float) -> float:
 
 
 def ctr(samples: list[Sample]) -> float:
-    weight, pos, _ = _sums(samples)
+    weight, pos, _ = sums(samples)
     return _ratio(pos, weight)
 
 
 def calibration(samples: list[Sample]) -> float:
-    _, pos, _ = _sums(samples)
+    _, pos, _ = sums(samples)
     return 0.0 if pos <= 0 else math.fsum(w * p for p, _, w in samples) / pos
 
 
 def mse(samples: list[Sample]) -> float:
-    return _ratio(math.fsum(w * (p - l) ** 2 for p, l, w in samples), _sums(samples)[0])
+    return _ratio(math.fsum(w * (p - l) ** 2 for p, l, w in samples), sums(samples)[0])
 
 
 def rmse(samples: list[Sample]) -> float:
@@ -78,12 +79,12 @@ def rmse(samples: list[Sample]) -> float:
 
 
 def mae(samples: list[Sample]) -> float:
-    return _ratio(math.fsum(w * abs(p - l) for p, l, w in samples), _sums(samples)[0])
+    return _ratio(math.fsum(w * abs(p - l) for p, l, w in samples), sums(samples)[0])
 
 
 def accuracy(samples: list[Sample]) -> float:
     right = math.fsum(w for p, l, w in samples if (p >= THRESHOLD) == (l == 1.0))
-    return _ratio(right, _sums(samples)[0])
+    return _ratio(right, sums(samples)[0])
 
 
 def _confusion(samples: list[Sample]) -> tuple[float, float, float]:
@@ -119,11 +120,11 @@ def unweighted_ne(samples: list[Sample]) -> float:
 
 
 def num_positive_samples(samples: list[Sample]) -> float:
-    return _sums(samples)[1]
+    return sums(samples)[1]
 
 
 def sum_weights(samples: list[Sample]) -> float:
-    return _sums(samples)[0]
+    return sums(samples)[0]
 
 
 def weighted_sum_predictions(samples: list[Sample]) -> float:
