@@ -54,7 +54,7 @@ def _torchrec_outputs(spec: QuantSpec) -> list[torch.Tensor]:
     """What the sharded module returns for the spec's batch: torchrec's own numbers, nothing compared."""
     quant = quant_modules.quantized(spec, quant_modules.float_module(spec))
     with quant_modules.devices_propagated():
-        sharded, _ = quant_modules.sharded(spec, quant)
+        sharded = quant_modules.sharded(spec, quant)
         out = sharded(quant_modules.features(spec))
     if spec.pooled:
         return [out.to_dict()[f] for f in spec.features]

@@ -223,7 +223,7 @@ def run_quant_case(spec: QuantSpec) -> dict[str, Any]:
     if not spec.sharded:
         return {"tables": len(spec.tables), "features": len(spec.features), "world_size": 0}
     with quant_modules.devices_propagated():
-        sharded, _plan = quant_modules.sharded(spec, quant)
+        sharded = quant_modules.sharded(spec, quant)
         expect(type(sharded).__name__.startswith("Sharded"),
                f"shard_quant_model left the module a {type(sharded).__name__}: the plan names it, it should be sharded")
         check_outputs(spec, f"sharded on {spec.world_size} ranks", sharded(batch), expected)
@@ -232,7 +232,7 @@ def run_quant_case(spec: QuantSpec) -> dict[str, Any]:
         # The sharded state reloaded into the same plan (a module sharded from other weights): the same
         # outputs. That module runs a forward first: a sharded inference module creates its output dists,
         # whose buffers its state dict then holds, at its first forward.
-        other, _ = quant_modules.sharded(spec, quant_modules.quantized(spec, quant_modules.float_module(replace(spec, seed=spec.seed + 1))))
+        other = quant_modules.sharded(spec, quant_modules.quantized(spec, quant_modules.float_module(replace(spec, seed=spec.seed + 1))))
         other(batch)
         other.load_state_dict(sharded_state)
         check_outputs(spec, "sharded, reloaded from the sharded state dict", other(batch), expected)

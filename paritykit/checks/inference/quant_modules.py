@@ -114,8 +114,8 @@ def sharder(spec: QuantSpec) -> Any:
     return QuantEmbeddingCollectionSharder(fused_params=fused)
 
 
-def sharded(spec: QuantSpec, quant: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
-    """(the sharded module, its plan): a copy of ``quant`` sharded on CPU, loaded from ``quant``'s state dict."""
+def sharded(spec: QuantSpec, quant: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``quant`` sharded on CPU by the spec's plan, loaded from ``quant``'s state dict."""
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
     from torchrec.inference.modules import shard_quant_model
@@ -128,7 +128,7 @@ def sharded(spec: QuantSpec, quant: torch.nn.Module) -> tuple[torch.nn.Module, A
     model, _ = shard_quant_model(Holder(copy.deepcopy(quant)), world_size=spec.world_size, compute_device="cpu",
                                  sharding_device="cpu", sharders=[the_sharder], sharding_plan=plan)
     model.load_state_dict(Holder(quant).state_dict())
-    return getattr(model, MODULE_PATH), plan_of_module
+    return getattr(model, MODULE_PATH)
 
 
 def features(spec: QuantSpec) -> Any:
