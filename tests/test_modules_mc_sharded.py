@@ -37,11 +37,29 @@ def test_slots_from_another_shards_range_are_a_parity_error():
 
 @pytest.mark.world_size(2)
 def test_pinned_sharded_mc_ebc_and_ec_match_their_model_and_a_lookup_by_hand(rank_pool):
-    ebc, ec = pinned_specs(2)
-    assert (ebc.module, ec.module) == ("mc-ebc", "mc-ec")
+    ebc, ec, hashed = pinned_specs(2)
+    assert (ebc.module, ec.module, hashed.module, hashed.hashed) == ("mc-ebc", "mc-ec", "mc-ebc", True)
     # forwards x ranks x features x samples x dim; an EC: one vector per id (4 ids a rank a forward)
     assert run_sharded_mc_case(rank_pool, ebc) == {"forwards": 3, "embedding_elements": 3 * 2 * 2 * 2 * 4}
     assert run_sharded_mc_case(rank_pool, ec) == {"forwards": 3, "embedding_elements": 3 * 2 * 4 * 4}
+    assert run_sharded_mc_case(rank_pool, hashed) == {"forwards": 3, "embedding_elements": 3 * 2 * 2 * 2 * 4}
+
+
+def test_the_hashed_pinned_case_sends_each_shard_the_ids_of_the_unhashed_one():
+    ebc, _ec, hashed = pinned_specs(2)
+    assert hashed.steps != ebc.steps
+    for step, rank_ids in enumerate(hashed.steps):
+        assert [hashed.remapped_ids(ids) for ids in rank_ids] == [list(ids) for ids in ebc.steps[step]]
+
+
+@pytest.mark.world_size(2)
+def test_an_input_hash_the_shards_do_not_apply_is_caught(rank_pool):
+    from paritykit.checks import load_plants
+    from paritykit.harness import plants
+
+    load_plants(["modules"])
+    with plants.applied(["mch-input-hash-not-applied"]), pytest.raises(ParityError, match="hashed id"):
+        run_sharded_mc_case(rank_pool, pinned_specs(2)[2])
 
 
 # The modules check's plants that only ranks show (tests/test_modules_plants.py runs the others in-process).

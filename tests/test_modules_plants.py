@@ -57,12 +57,12 @@ def _swish():
     return [SwishLayerNorm([3, 4])(_x(2, 3, 4))]
 
 
-def _remap(steps, policy=None):
+def _remap(steps, policy=None, **hash_options):
     from torchrec.modules.mc_modules import LFU_EvictionPolicy, MCHManagedCollisionModule
     from torchrec.sparse.jagged_tensor import JaggedTensor
 
     module = MCHManagedCollisionModule(zch_size=4, device=torch.device("cpu"), eviction_policy=policy or LFU_EvictionPolicy(),
-                                       eviction_interval=1)
+                                       eviction_interval=1, **hash_options)
     return [module({"t": JaggedTensor(values=torch.tensor(ids), lengths=torch.tensor([len(ids)]))})["t"].values() for ids in steps]
 
 
@@ -96,6 +96,8 @@ TORCHREC_NUMBERS = {
     "mlp-drops-last-activation": _mlp,
     "swish-layernorm-last-dim-only": _swish,
     "mch-default-slot-off-by-one": lambda: _remap([[1, 2, 3], [4]]),  # 4 finds the three slots held
+    # ids mod 2: 1, 3 and 5 are one id, which takes one slot; unhashed, they fill all three.
+    "mch-input-hash-not-applied": lambda: _remap([[1, 3, 5], [2]], input_hash_size=2, input_hash_func=torch.remainder),
     # 1, 2, 3 fill the three slots; 4 then ties with 3 (one hit each).
     "lfu-ties-favour-new-ids": lambda: _remap([[1, 1, 2, 2, 3], [4], [3, 4]]),
     # 1, 2, 3 fill the three slots; 4 then replaces the least recent of them (a tie of three: the

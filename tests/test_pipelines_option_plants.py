@@ -31,6 +31,7 @@ OPTION_PLANTS = {
     "threaded-drops-apply-jit": "dlrm/pipeline-variants",
     "data-dist-inputs-never-cleared": "dlrm/pipeline-variants",
     "postproc-module-never-pipelined": "nested/postproc-and-tracing",
+    "postproc-left-in-the-model": "nested/postproc-and-tracing",
     "semi-sync-skips-last-lookup": "dlrm/pipeline-variants",
     "attach-binds-last-context": "dlrm/lifecycle",
     "semi-sync-refills-when-empty": "dlrm/semi-sync-staleness",
@@ -88,8 +89,16 @@ def test_a_postproc_module_left_in_the_forward_is_caught_by_the_pipelined_module
     setup = nested_setup(DataSpec(num_batches=3), 2)
     run_pipeline(rank_pool, PipelineJob(setup, "sparse_dist:postproc"))
     run_pipeline(rank_pool, PipelineJob(setup, "sparse_dist"))  # item_ebc unpipelined, as declared
-    with plants.applied(["postproc-module-never-pipelined"]), pytest.raises(ParityError, match=r"expected \['item_ebc'"):
+    with plants.applied(["postproc-module-never-pipelined"]), pytest.raises(ParityError, match=r"expected \['fold', 'item_ebc'"):
         run_pipeline(rank_pool, PipelineJob(setup, "sparse_dist:postproc"))
+
+
+@pytest.mark.world_size(2)
+def test_a_postproc_module_never_swapped_into_the_model_is_caught_by_the_pipelined_modules(rank_pool):
+    setup = nested_setup(DataSpec(num_batches=3), 2)
+    with plants.applied(["postproc-left-in-the-model"]):
+        with pytest.raises(ParityError, match=r"pipelined modules \['item_ebc', 'scored_ebc', 'user_ebc'\], expected \['fold'"):
+            run_pipeline(rank_pool, PipelineJob(setup, "sparse_dist:postproc"))
 
 
 @pytest.mark.world_size(2)

@@ -55,13 +55,18 @@ class NestedBatch(Pipelineable):
 
 
 class IdFold(nn.Module):
-    """Post-processing without parameters: ids shifted by ``offset`` and folded into ``options["rows"]``
-    rows, the features renamed to ``keys``."""
+    """Post-processing without parameters: ids times the ``stride`` buffer, shifted by ``offset`` and
+    folded into ``options["rows"]`` rows, the features renamed to ``keys``. The buffer (state that a
+    hashing module would hold) must stay in the model's state dict once the pipeline wraps the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("stride", torch.tensor(1, dtype=torch.int64))
 
     def forward(self, features: Any, offset: int, keys: list[str], options: dict[str, int]) -> Any:
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-        return KeyedJaggedTensor(keys=list(keys), values=(features.values() + offset) % options["rows"],
+        return KeyedJaggedTensor(keys=list(keys), values=(features.values() * self.stride + offset) % options["rows"],
                                  lengths=features.lengths(), weights=features.weights_or_none())
 
 
@@ -104,8 +109,9 @@ class NestedRanker(nn.Module):
     def pipelined_modules(pipeline_postproc: bool) -> tuple[str, ...]:
         """The EBCs a sparse-dist pipeline must pipeline: each reads the batch directly, the item EBC
         through ``fold`` (a parameter-free module with args from the batch and constants), which only
-        ``pipeline_postproc=True`` may run in the data-dist stage (pipeline_promises.py checks it)."""
-        return ("user_ebc", "scored_ebc") + (("item_ebc",) if pipeline_postproc else ())
+        ``pipeline_postproc=True`` may run in the data-dist stage, swapped for a PipelinedPostproc
+        (pipeline_promises.py checks it)."""
+        return ("user_ebc", "scored_ebc") + (("item_ebc", "fold") if pipeline_postproc else ())
 
     def forward(self, batch: NestedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         user = self.user_ebc(batch.sparse["user"]).to_dict()

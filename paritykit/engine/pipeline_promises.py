@@ -15,9 +15,11 @@ to the option's own meaning (torchrec's docstrings), with an oracle of paritykit
   input tensor a ``KJTAllToAllTensorsAwaitable`` of the run held has no storage left after the run
   (2+ ranks; on one rank torchrec sends nothing);
 - **the sharded modules a pipeline pipelines** (their forward replaced by torchrec's pipelined
-  forward) are those the model declares in ``pipelined_modules(pipeline_postproc)`` (a model without
-  it is not checked): a module behind a post-processing module is pipelined only with
-  ``pipeline_postproc=True``.
+  forward) and the post-processing modules it runs in its data-dist stage (swapped for a
+  ``PipelinedPostproc`` in the model) are those the model declares in
+  ``pipelined_modules(pipeline_postproc)`` (a model without it is not checked): a module behind a
+  post-processing module is pipelined only with ``pipeline_postproc=True``, and then the
+  post-processing module is swapped too (left in place, it would run a second time in the forward).
 """
 
 from __future__ import annotations
@@ -145,12 +147,15 @@ def assert_inputs_freed(inputs: list[torch.Tensor], label: str) -> None:
 
 
 def pipelined_fqns(model: torch.nn.Module) -> set[str]:
-    """The sharded modules whose forward is torchrec's pipelined forward now."""
+    """The sharded modules whose forward is torchrec's pipelined forward now, and the modules swapped
+    for a PipelinedPostproc."""
+    from torchrec.distributed.train_pipeline.postproc import PipelinedPostproc
     from torchrec.distributed.train_pipeline.runtime_forwards import BaseForward
     from torchrec.distributed.types import ShardedModule
 
     inner = getattr(model, "module", model)
-    return {fqn for fqn, m in inner.named_modules() if isinstance(m, ShardedModule) and isinstance(m.forward, BaseForward)}
+    return {fqn for fqn, m in inner.named_modules()
+            if (isinstance(m, ShardedModule) and isinstance(m.forward, BaseForward)) or isinstance(m, PipelinedPostproc)}
 
 
 def declared_pipelined(model: torch.nn.Module, pipeline_postproc: bool) -> set[str] | None:
@@ -162,5 +167,6 @@ def declared_pipelined(model: torch.nn.Module, pipeline_postproc: bool) -> set[s
 def assert_pipelined(model: torch.nn.Module, expected: set[str], label: str) -> None:
     found = pipelined_fqns(model)
     if found != expected:
-        raise ParityError(f"{label}: pipelined sharded modules {sorted(found)}, expected {sorted(expected)} "
-                          "(a module left unpipelined runs its input dist inside the forward)")
+        raise ParityError(f"{label}: pipelined modules {sorted(found)}, expected {sorted(expected)} "
+                          "(a sharded module left unpipelined runs its input dist inside the forward; a post-processing "
+                          "module left unswapped runs again in the forward)")

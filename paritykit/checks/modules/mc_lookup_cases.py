@@ -33,7 +33,7 @@ def _module(spec: MCSpec) -> Any:
     cpu = torch.device("cpu")
     embeddings = EmbeddingBagCollection(tables=[config], device=cpu) if bagged else EmbeddingCollection(tables=[config], device=cpu)
     remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=spec.eviction_policy(),
-                                         eviction_interval=spec.eviction_interval)
+                                         eviction_interval=spec.eviction_interval, **spec.hash_options())
     collection = ManagedCollisionCollection({"t0": remapper}, [config])
     wrapper = ManagedCollisionEmbeddingBagCollection if bagged else ManagedCollisionEmbeddingCollection
     return wrapper(embeddings, collection, return_remapped_features=True)
@@ -70,11 +70,11 @@ def _outputs(spec: MCSpec, embeddings: Any) -> dict[str, torch.Tensor]:
 def _step(spec: MCSpec, module: Any, rules: SlotRules, step: int) -> int:
     ids, cut = spec.steps[step], spec.cuts[step]
     embeddings, remapped = module(two_feature_batch(ids, cut))
-    rules.record(list(ids))
+    rules.record(spec.hashed(ids))
     if remapped is None or sorted(remapped.keys()) != sorted(FEATURES):
         raise ParityError(f"forward {step}: return_remapped_features=True returned {remapped!r} [{spec.case_id()}]")
     features = remapped.to_dict()
-    rules.check(list(ids), torch.cat([features[k].values() for k in FEATURES]).tolist(), f"forward {step} remap")
+    rules.check(spec.hashed(ids), torch.cat([features[k].values() for k in FEATURES]).tolist(), f"forward {step} remap")
     table = dict(module.named_parameters())[next(n for n, _ in module.named_parameters() if n.endswith("t0.weight"))]
     outputs = _outputs(spec, embeddings)
     upstream = {k: torch.randint(-8, 9, tuple(outputs[k].shape), generator=generator("mc", spec.case_id(), step, k)) / 8 for k in FEATURES}
@@ -108,8 +108,11 @@ PINNED = {
                  # DistanceLFU: 2 (twice, just now: 2/1) beats 1 (five times, two forwards ago: 5/3); an age
                  # off by one would keep 1 (5/4 against 2/2).
                  MCSpec("remapper", 2, 3, ((1, 1, 1, 1, 1), (10, 11, 12, 13, 14), (2, 2, 20, 21, 22)), (2, 1, 3),
-                        policy="distance_lfu")),
-    "mc-ec": (MCSpec("mc-ec", 5, 1, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1)), (2, 3)),),
+                        policy="distance_lfu"),
+                 # input_hash_size 5: (7 id + 3) mod 5 sends 1, 6 and 11 to 0; they share one slot.
+                 MCSpec("remapper", 3, 1, ((1, 6, 2, 11), (2, 4, 6, 9)), (2, 1), offset=2, hash_size=5)),
+    "mc-ec": (MCSpec("mc-ec", 5, 1, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1)), (2, 3)),
+              MCSpec("mc-ec", 4, 1, ((7, 2, 12, 100), (7, 3, 3, 8)), (2, 3), hash_size=6)),
     "mc-ebc": (MCSpec("mc-ebc", 5, 2, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1), (2, 2, 4, 4, 7)), (2, 3, 5)),),
 }
 

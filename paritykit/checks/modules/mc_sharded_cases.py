@@ -15,6 +15,9 @@ Forward only: the remapper trains in every training-mode forward, which is what 
 exercise; so between two forwards only the rows of the slots given to newly admitted ids change
 (torchrec re-initializes them), as many as the model admits.
 
+With an ``input_hash_func`` (mc_cases.AffineHash) each rank hashes its ids before they are routed: the
+blocks and the shards' models are those of the ids hashed by hand.
+
 Every shard receives the same number of ids in every forward (the remapper's history window is sized
 by its first forward and drops what does not fit: mc_reference.py).
 """
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from paritykit.checks.modules.mc_cases import MCSpec, SlotRules
+from paritykit.checks.modules.mc_cases import AffineHash, MCSpec, SlotRules, hashed_by_hand, ids_hashing_to
 from paritykit.checks.modules.mc_lookup_cases import FEATURES, two_feature_batch
 from paritykit.engine.tolerances import normwise
 from paritykit.errors import HarnessError, ParityError
@@ -48,6 +51,7 @@ class ShardedMCSpec:
     cuts: tuple[tuple[int, ...], ...]
     seed: int = 0
     module: str = "mc-ebc"  # or "mc-ec"
+    hashed: bool = False  # AffineHash as the remapper's input_hash_func
 
     def __post_init__(self) -> None:
         for step, rank_ids in enumerate(self.steps):
@@ -75,14 +79,18 @@ class ShardedMCSpec:
         return self.block * self.world_size
 
     def shard_of(self, id_: int) -> int:
-        return id_ // self.block
+        return self.remapped_ids([id_])[0] // self.block
+
+    def remapped_ids(self, ids: Any) -> list[int]:
+        """What the shards route and remap of ``ids`` (hashed by hand when the case has the hash)."""
+        return hashed_by_hand(ids, self.input_hash_size if self.hashed else 0)
 
     def ids_per_shard(self, step: int) -> list[int]:
         return [sum(self.shard_of(i) == shard for ids in self.steps[step] for i in ids) for shard in range(self.world_size)]
 
     def case_id(self) -> str:
         return (f"sharded {self.module} ws{self.world_size} row_wise zch_size={self.zch_size} eviction_interval={self.eviction_interval} "
-                f"input_hash_size={self.input_hash_size} steps={[list(map(list, s)) for s in self.steps]} "
+                f"input_hash_size={self.input_hash_size}{' input_hash_func=AffineHash' if self.hashed else ''} steps={[list(map(list, s)) for s in self.steps]} "
                 f"cuts={[list(c) for c in self.cuts]} seed={self.seed}")
 
 
@@ -93,6 +101,8 @@ def sharded_mc_specs(draw: st.DrawFn, world_size: int) -> ShardedMCSpec:
     # the forwards draw from (repeats, and more ids than slots, make the remappers evict).
     sends = [[draw(st.integers(1, 3)) for _shard in range(world_size)] for _rank in range(world_size)]
     universe = [draw(st.integers(1, block)) for _shard in range(world_size)]
+    # The hash must be a bijection of [0, input_hash_size) to keep the ids per shard drawn below.
+    hashed = draw(st.booleans()) and (block * world_size) % 7 != 0
     steps, cuts = [], []
     for _ in range(draw(st.integers(1, 4))):
         ranks, rank_cuts = [], []
@@ -100,12 +110,12 @@ def sharded_mc_specs(draw: st.DrawFn, world_size: int) -> ShardedMCSpec:
             ids = [shard * block + draw(st.integers(0, universe[shard] - 1))
                    for shard in range(world_size) for _ in range(sends[rank][shard])]
             ids = draw(st.permutations(ids))
-            ranks.append(tuple(ids))
+            ranks.append(tuple(ids_hashing_to(ids, block * world_size) if hashed else ids))
             rank_cuts.append(draw(st.integers(0, len(ids))))
         steps.append(tuple(ranks))
         cuts.append(tuple(rank_cuts))
     return ShardedMCSpec(world_size, draw(st.integers(2, 4)), draw(st.integers(1, 3)), block, tuple(steps), tuple(cuts),
-                         draw(st.integers(0, 2**16)), draw(st.sampled_from(("mc-ebc", "mc-ec"))))
+                         draw(st.integers(0, 2**16)), draw(st.sampled_from(("mc-ebc", "mc-ec"))), hashed)
 
 
 def pinned_specs(world_size: int) -> tuple[ShardedMCSpec, ...]:
@@ -115,7 +125,9 @@ def pinned_specs(world_size: int) -> tuple[ShardedMCSpec, ...]:
         return ()
     steps = (((1, 6, 2, 9), (6, 1, 8, 3)), ((4, 6, 7, 1), (0, 9, 6, 3)), ((2, 8, 1, 6), (1, 6, 5, 2)))
     ebc = ShardedMCSpec(2, 3, 2, 5, steps, ((2, 1), (3, 0), (4, 2)))
-    return ebc, replace(ebc, module="mc-ec")
+    # The same ids reach the shards through the hash (each rank feeds the ids that hash to them).
+    hashed = tuple(tuple(tuple(ids_hashing_to(ids, ebc.input_hash_size)) for ids in step) for step in steps)
+    return ebc, replace(ebc, module="mc-ec"), replace(ebc, steps=hashed, hashed=True)
 
 
 class _Arch(torch.nn.Module):
@@ -138,7 +150,8 @@ def _unsharded(spec: ShardedMCSpec) -> torch.nn.Module:
     config = (embedding_configs.EmbeddingBagConfig if bag else embedding_configs.EmbeddingConfig)(
         name="t0", embedding_dim=DIM, num_embeddings=spec.zch_size, feature_names=list(FEATURES))
     remapper = MCHManagedCollisionModule(zch_size=spec.zch_size, device=cpu, eviction_policy=LFU_EvictionPolicy(),
-                                         eviction_interval=spec.eviction_interval, input_hash_size=spec.input_hash_size)
+                                         eviction_interval=spec.eviction_interval, input_hash_size=spec.input_hash_size,
+                                         **({"input_hash_func": AffineHash()} if spec.hashed else {}))
     tables = (embedding_modules.EmbeddingBagCollection if bag else embedding_modules.EmbeddingCollection)(tables=[config], device=cpu)
     wrapper = (mc_embedding_modules.ManagedCollisionEmbeddingBagCollection if bag
                else mc_embedding_modules.ManagedCollisionEmbeddingCollection)
@@ -199,13 +212,14 @@ def _check_slots(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> list[li
     """Each shard's remapper against the unsharded model fed every id routed to it; the ids each shard's
     model admits at each forward (``admitted[step][shard]``)."""
     shards = [SlotRules(MCSpec("remapper", spec.zch_per_shard, spec.eviction_interval, (), (), offset=shard * spec.zch_per_shard,
-                               seed=spec.seed)) for shard in range(spec.world_size)]
+                               seed=spec.seed, hash_size=spec.input_hash_size if spec.hashed else 0), spec.case_id())
+              for shard in range(spec.world_size)]
     admitted: list[list[set[int]]] = []
     for step, rank_ids in enumerate(spec.steps):
         admitted.append([])
         for shard, rules in enumerate(shards):
             before = set(rules.model.counts)
-            rules.record([i for ids in rank_ids for i in ids if spec.shard_of(i) == shard])
+            rules.record(spec.remapped_ids(i for ids in rank_ids for i in ids if spec.shard_of(i) == shard))
             admitted[-1].append(set(rules.model.counts) - before)
         for rank, ids in enumerate(rank_ids):
             slots = per_rank[rank]["forwards"][step]["slots"]
@@ -213,7 +227,7 @@ def _check_slots(spec: ShardedMCSpec, per_rank: list[dict[str, Any]]) -> list[li
                 raise ParityError(f"forward {step} rank {rank}: {len(slots)} remapped ids for {len(ids)} ids [{spec.case_id()}]")
             for shard, rules in enumerate(shards):
                 mine = [(i, s) for i, s in zip(ids, slots) if spec.shard_of(i) == shard]
-                rules.check([i for i, _ in mine], [s for _, s in mine], f"forward {step} rank {rank} (shard {shard})")
+                rules.check(spec.remapped_ids(i for i, _ in mine), [s for _, s in mine], f"forward {step} rank {rank} (shard {shard})")
     return admitted
 
 
@@ -232,7 +246,7 @@ def _check_resets(spec: ShardedMCSpec, per_rank: list[dict[str, Any]], admitted:
         for rank, result in enumerate(per_rank):
             slots = result["forwards"][step]["slots"]
             for id_, slot in zip(spec.steps[step][rank], slots):
-                if id_ in admitted[step][spec.shard_of(id_)] and slot not in changed:
+                if spec.remapped_ids([id_])[0] in admitted[step][spec.shard_of(id_)] and slot not in changed:
                     raise ParityError(f"forward {step} rank {rank}: id {id_} was admitted to slot {slot}, whose row kept "
                                       f"the embedding of the id before it [{spec.case_id()}]")
         before = forward["table"]

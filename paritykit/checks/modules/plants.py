@@ -155,6 +155,14 @@ def mch_default_slot_off_by_one() -> ContextManager[None]:
     return replaced(mc_modules, "_mch_remap", planted)
 
 
+@register("mch-input-hash-not-applied", check=CHECK)
+def mch_input_hash_not_applied() -> ContextManager[None]:
+    """MCHManagedCollisionModule remaps the raw ids, not the ids its ``input_hash_func`` makes of them."""
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
+
+    return replaced(MCHManagedCollisionModule, "preprocess", lambda _original: lambda self, features: features)
+
+
 @register("lfu-ties-favour-new-ids", check=CHECK)
 def lfu_ties_favour_new_ids() -> ContextManager[None]:
     """LFU eviction lets a new id with as many hits as a held one take its slot (ties go to the newcomer)."""

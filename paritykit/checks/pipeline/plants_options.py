@@ -74,6 +74,19 @@ def postproc_module_never_pipelined() -> Iterator[None]:
         yield
 
 
+@register("postproc-left-in-the-model", check=CHECK)
+@contextlib.contextmanager
+def postproc_left_in_the_model() -> Iterator[None]:
+    """Input tracing runs a post-processing module in the data-dist stage but never swaps it into the
+    model (its fqn misspelt on the way down): the EBC behind it is pipelined and gets the right input,
+    while the module itself runs a second time in every forward."""
+    from torchrec.distributed.train_pipeline import tracing
+
+    with replaced(tracing.NodeArgsHelper, "_swap_postproc_module_recursive",
+                  lambda _original: lambda self, module, to_swap_module, postproc_module_fqn, path="": module):
+        yield
+
+
 @register("semi-sync-skips-last-lookup", check=CHECK)
 @contextlib.contextmanager
 def semi_sync_skips_last_lookup() -> Iterator[None]:
