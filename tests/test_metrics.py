@@ -41,6 +41,19 @@ def test_formulas_by_hand():
     entropy = -(4 * math.log2(4 / 6) + 2 * math.log2(2 / 6))
     assert reference.ne(SAMPLES) == pytest.approx(cross_entropy / entropy)
     assert reference.logloss(SAMPLES) == pytest.approx(cross_entropy / 6)
+    assert reference.ne_positive(SAMPLES) == pytest.approx(-(math.log2(0.8) + 3 * math.log2(0.4)) / entropy)
+    # The constant prediction 1 errs only on the negative: 2 * 1 / 6.
+    assert reference.nmse(SAMPLES) == pytest.approx(reference.mse(SAMPLES) / (2 / 6))
+    assert reference.nrmse(SAMPLES) == pytest.approx(math.sqrt(reference.mse(SAMPLES) / (2 / 6)))
+    # The weighted mean prediction (0.8 + 1.2 + 1.2) / 6.
+    mean = 3.2 / 6
+    assert reference.cali_free_ne(SAMPLES) == pytest.approx(cross_entropy / -(4 * math.log2(mean) + 2 * math.log2(1 - mean)))
+
+
+@pytest.mark.parametrize("name", ["ne", "ne_positive", "cali_free_ne", "nmse", "nrmse", "calibration", "auc"])
+def test_normalized_formulas_do_not_change_when_every_weight_is_scaled(name):
+    scaled = [(p, l, 2.5 * w) for p, l, w in SAMPLES]
+    assert getattr(reference, name)(scaled) == pytest.approx(getattr(reference, name)(SAMPLES))
 
 
 def test_windows():

@@ -111,7 +111,7 @@ def _defined(name: str, samples: list) -> bool:
     """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight:
     undefined (torchrec returns a clamped or infinite value) when those are zero."""
     weight, pos, neg = reference.sums(samples)
-    if name == "ne":
+    if name in ("ne", "ne_positive", "cali_free_ne"):
         return pos > 0 and neg > 0
     if name == "unweighted_ne":
         return 0 < sum(l for _, l, _ in samples) < len(samples)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN
-from paritykit.checks.metrics.specs import METRICS, metric_specs, pinned, pinned_on_ranks
+from paritykit.checks.metrics.specs import drawn_metrics, metric_specs, pinned, pinned_on_ranks
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
@@ -26,7 +26,7 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     if config.device != "cpu":
         return [CaseResult(NAME, "metrics", "skip", replay=config.replay(NAME), message=CPU_ONLY)]
     results: list[CaseResult] = []
-    for metric in METRICS:
+    for metric in drawn_metrics():
         results += run_property(NAME, metric_specs(metric), run_metric_case, config, case_id=lambda spec: spec.case_id(),
                                 explicit=pinned(metric))
     # On several ranks: each rank feeds its own stream; compute() reduces every rank's states. A case on
@@ -34,7 +34,7 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):
         pool = pools.get(world_size)
         pinned_here = tuple(spec for metric in ON_RANKS_PINNED for spec in pinned_on_ranks(metric, world_size))
-        results += run_property(NAME, st.sampled_from(sorted(METRICS)).flatmap(lambda metric: metric_specs(metric, world_size)),
+        results += run_property(NAME, st.sampled_from(sorted(drawn_metrics())).flatmap(lambda metric: metric_specs(metric, world_size)),
                                 lambda spec, pool=pool: run_metric_case(spec, pool),
                                 replace(config, examples=max(1, config.examples // 5)), case_id=lambda spec: spec.case_id(),
                                 explicit=pinned_here)

@@ -16,6 +16,12 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   sum w*l * sum w*(1-l)                      (0.5 when either sum is 0)
     unweighted NE = NE with every weight 1; num_positive_samples = pos; sum_weights = sum w;
     weighted_sum_predictions = sum w*p
+    NE positive = the positives' part of NE's cross entropy, sum w*l*(-log2 p), over NE's norm
+    NMSE, NRMSE = MSE over the MSE of the constant prediction 1 (torchrec's baseline), RMSE over its root
+                  (0 when that baseline is 0)
+    calibration-free NE = the cross entropy over the cross entropy of the weighted mean prediction
+                  q = sum w*p / sum w: sum w*CE(p, l) / (-pos log2 q - neg log2(1-q)), i.e. NE over the NE
+                  of a model that predicts q everywhere (no change when every weight is scaled)
 where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5).
 
 Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
@@ -45,10 +51,24 @@ def _cross_entropy(samples: list[Sample]) -> float:
 
 
 def ne(samples: list[Sample]) -> float:
+    return _cross_entropy(samples) / _norm(samples)
+
+
+def _norm(samples: list[Sample]) -> float:
+    """NE's denominator: the cross entropy of the base rate, in bits."""
     weight, pos, neg = sums(samples)
     mean = pos / weight
-    norm = -pos * math.log2(mean) - neg * math.log2(1.0 - mean)
-    return _cross_entropy(samples) / norm
+    return -pos * math.log2(mean) - neg * math.log2(1.0 - mean)
+
+
+def ne_positive(samples: list[Sample]) -> float:
+    return math.fsum(-w * l * math.log2(p) for p, l, w in samples) / _norm(samples)
+
+
+def cali_free_ne(samples: list[Sample]) -> float:
+    weight, pos, neg = sums(samples)
+    mean_prediction = math.fsum(w * p for p, _, w in samples) / weight
+    return _cross_entropy(samples) / (-pos * math.log2(mean_prediction) - neg * math.log2(1.0 - mean_prediction))
 
 
 def logloss(samples: list[Sample]) -> float:
@@ -76,6 +96,18 @@ def mse(samples: list[Sample]) -> float:
 
 def rmse(samples: list[Sample]) -> float:
     return math.sqrt(mse(samples))
+
+
+def _constant_one_mse(samples: list[Sample]) -> float:
+    return _ratio(math.fsum(w * (1.0 - l) ** 2 for _, l, w in samples), sums(samples)[0])
+
+
+def nmse(samples: list[Sample]) -> float:
+    return _ratio(mse(samples), _constant_one_mse(samples))
+
+
+def nrmse(samples: list[Sample]) -> float:
+    return _ratio(rmse(samples), math.sqrt(_constant_one_mse(samples)))
 
 
 def mae(samples: list[Sample]) -> float:
