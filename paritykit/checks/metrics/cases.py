@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import METRICS, MetricSpec
+from paritykit.checks.metrics.specs import METRICS, WINDOW_ONLY, MetricSpec, window_compared
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -108,37 +108,41 @@ def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name:
 
 
 def _defined(name: str, samples: list) -> bool:
-    """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight:
-    undefined (torchrec returns a clamped or infinite value) when those are zero."""
+    """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight,
+    the weighted average and AUPRC by the weight and by the positives' weight: undefined (torchrec
+    returns a clamped, infinite or NaN value) when those are zero."""
     weight, pos, neg = reference.sums(samples)
     if name in ("ne", "ne_positive", "cali_free_ne"):
         return pos > 0 and neg > 0
     if name == "unweighted_ne":
         return 0 < sum(l for _, l, _ in samples) < len(samples)
-    if name == "logloss":
+    if name in ("logloss", "weighted_avg"):
         return weight > 0
+    if name == "auprc":
+        return pos > 0
     return True
 
 
-def run_metric_case(spec: MetricSpec, pool: Any = None) -> dict[str, Any]:
+def run_metric_case(spec: MetricSpec, pool: Any = None, every_value: bool = False) -> dict[str, Any]:
     """Single-rank specs run here; a spec of several ranks runs on ``pool``, and rank 0's report (the
-    reduced values; other ranks may report nothing, or the same) is compared."""
+    reduced values; other ranks may report nothing, or the same) is compared. ``every_value``: also the
+    values a standing known issue keeps out of the draws (a known-broken case's)."""
     if spec.world_size == 1:
         reports = [torchrec_report(spec)]
     else:
         if pool is None or pool.world_size != spec.world_size:
             raise HarnessError(f"a metrics case of {spec.world_size} ranks needs a pool of that size")
         reports = pool.call(report_on_rank, (spec,), case=spec.case_id())
-    compared = _compare(spec, reports[0], "rank 0")
+    compared = _compare(spec, reports[0], "rank 0", every_value)
     for rank, other in enumerate(reports[1:], start=1):
         if other:  # a rank that computes reports the reduced values too
-            _compare(spec, other, f"rank {rank}")
+            _compare(spec, other, f"rank {rank}", every_value)
     if compared == 0:
         raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
     return {"compared": compared}
 
 
-def _compare(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
+def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False) -> int:
     _, names, _, window_kind = METRICS[spec.metric]
     holds = reference.window_of_samples if window_kind == "samples" else reference.window_of_batches
     local_window = -(-spec.window_size // spec.world_size)
@@ -147,7 +151,9 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
         task = TASK_NAMES[t]
         streams = [[list(batch[t]) for batch in stream] for stream in spec.streams()]
         spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
-        if spec.metric != "auc":  # AUC reports its window only
+        if not (every_value or window_compared(spec.metric)):
+            del spans["window"]
+        if spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]
         for prefix, samples in spans.items():
             for name in names:

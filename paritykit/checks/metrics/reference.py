@@ -19,6 +19,11 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     NE positive = the positives' part of NE's cross entropy, sum w*l*(-log2 p), over NE's norm
     NMSE, NRMSE = MSE over the MSE of the constant prediction 1 (torchrec's baseline), RMSE over its root
                   (0 when that baseline is 0)
+    weighted_avg, prediction_average = sum w*p / sum w (weighted_avg undefined, average 0, when sum w = 0);
+    label_average = pos / sum w (0 when sum w = 0); serving NE and calibration = NE and calibration
+    AUPRC       = average precision: over the distinct predictions t, highest first,
+                  sum (R(t) - R(t_prev)) * P(t), P and R the weighted precision and recall of [p >= t]
+                  (undefined without a positive's weight)
     calibration-free NE = the cross entropy over the cross entropy of the weighted mean prediction
                   q = sum w*p / sum w: sum w*CE(p, l) / (-pos log2 q - neg log2(1-q)), i.e. NE over the NE
                   of a model that predicts q everywhere (no change when every weight is scaled)
@@ -96,6 +101,31 @@ def mse(samples: list[Sample]) -> float:
 
 def rmse(samples: list[Sample]) -> float:
     return math.sqrt(mse(samples))
+
+
+def weighted_avg(samples: list[Sample]) -> float:
+    return math.fsum(w * p for p, _, w in samples) / sums(samples)[0]
+
+
+def prediction_average(samples: list[Sample]) -> float:
+    return _ratio(math.fsum(w * p for p, _, w in samples), sums(samples)[0])
+
+
+def label_average(samples: list[Sample]) -> float:
+    weight, pos, _ = sums(samples)
+    return _ratio(pos, weight)
+
+
+def auprc(samples: list[Sample]) -> float:
+    positives = sums(samples)[1]
+    area, recall_before = 0.0, 0.0
+    for threshold in sorted({p for p, _, _ in samples}, reverse=True):
+        tp = math.fsum(w * l for p, l, w in samples if p >= threshold)
+        fp = math.fsum(w * (1.0 - l) for p, l, w in samples if p >= threshold)
+        if tp + fp > 0:
+            area += (tp / positives - recall_before) * tp / (tp + fp)
+            recall_before = tp / positives
+    return area
 
 
 def _constant_one_mse(samples: list[Sample]) -> float:
