@@ -20,6 +20,9 @@ RECALL_AT_THRESHOLD = "recall-threshold-counted-twice"
 # Another: CaliFreeNEMetric divides NE (already normalized) by an unnormalized cross entropy, so its value
 # scales with the inverse of the weights: every case of it fails while that stands.
 CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
+# And one of torchrec 1.8 (fixed in 1.9.2): WeightedAvgMetric's window counts updates, not samples, so
+# it drops no batch until it has seen window_size updates.
+WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
 THRESHOLD = 0.5
 
 # metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
@@ -52,9 +55,7 @@ RANKING = ("auc", "auprc")
 # The metrics that report their window only (AUPRC's lifetime value is a weighted average of the windows
 # seen at each compute() call, a history no formula over the samples gives).
 WINDOW_ONLY = ("auc", "auprc")
-# And one of torchrec 1.8 (fixed in 1.9.2): WeightedAvgMetric's window counts updates, not samples, so
-# it never drops a batch.
-WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
+COMPUTE_MODES = ("unfused", "fused")
 # A metric whose every case a standing known issue breaks is not drawn, one whose window values it breaks
 # has its lifetime values compared alone (known_broken.py reproduces each).
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
@@ -69,7 +70,6 @@ def drawn_metrics() -> tuple[str, ...]:
 def window_compared(metric: str) -> bool:
     """Whether the metric's window values are compared on this stack."""
     return metric not in KEPT_OUT_WINDOW or rule_kept_out(KEPT_OUT_WINDOW[metric]) is None
-COMPUTE_MODES = ("unfused", "fused")
 
 
 @dataclass(frozen=True)
