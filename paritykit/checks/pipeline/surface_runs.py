@@ -54,7 +54,7 @@ FAILING_BATCH = 1
 EVAL_STOP_AFTER = 2
 # Lifecycle: A is the first LIFECYCLE_FIRST batches, detached after LIFECYCLE_DETACH_AFTER steps.
 LIFECYCLE_FIRST, LIFECYCLE_DETACH_AFTER = 3, 2
-HYBRID_PHASES = (("train", 2), ("eval", 2), ("train", 2))
+HYBRID_PHASES = (("train", 3), ("eval", 3), ("train", 3))  # longer than the two batches the pipeline fills at once
 # Pipelines driven through gradient accumulation, the lifecycle and the backward hooks.
 ACCUMULATED_PIPELINES = ("sparse_dist", "base")
 LIFECYCLE_PIPELINES = ("sparse_dist", "fused:new", "semi_sync:never_starts", "base")
@@ -181,7 +181,8 @@ def lifecycle(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
         record = run_driven(pool, setup, LifecycleDrive(pipeline, *shape), name)
         assert_identical(plains[shape], record, ("plain[lifecycle]", name), "detach, attach and reset keep every step the plain loop's")
         metrics[name] = {"steps": len(record.outputs)}
-    hybrid_setup = replace(setup, batches=setup.batches[: sum(count for _, count in HYBRID_PHASES)])
+    # The setup's batches again after its last where the phases need more (the plain loop sees the same).
+    hybrid_setup = replace(setup, batches=[setup.batches[i % len(setup.batches)] for i in range(sum(c for _, c in HYBRID_PHASES))])
     hybrid_plain = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES, PLAIN), "plain[train-eval-train]")
     record = run_driven(pool, hybrid_setup, HybridDrive(HYBRID_PHASES), "hybrid[train-eval-train]")
     assert_identical(hybrid_plain, record, ("plain[train-eval-train]", "hybrid[train-eval-train]"),
