@@ -54,6 +54,17 @@ def test_formulas_by_hand():
     assert reference.auprc(SAMPLES) == pytest.approx(1 / 4 * 1 + 3 / 4 * 4 / 6)
 
 
+def test_gauc_by_hand():
+    # Sessions of two and one, twice: (0.8 pos, 0.4 pos) has no negative and (0.6) one sample: neither
+    # counts; (0.7 neg, 0.9 pos) ranks right (AUC 1); (0.1 pos) alone does not count.
+    samples = SAMPLES + [(0.7, 0.0, 1.0), (0.9, 1.0, 2.0), (0.1, 1.0, 1.0)]
+    assert reference.gauc(samples, (2, 1)) == 1.0 and reference.gauc_num_samples(samples, (2, 1)) == 1.0
+    # One session a batch: the first is SAMPLES (AUC 0.25), the second ranks 0.9 above 0.7 and 0.1 below
+    # it: (2 * 1) / (3 * 1).
+    assert reference.gauc(samples, (3,)) == pytest.approx((0.25 + 2 / 3) / 2)
+    assert reference.gauc([(0.3, 1.0, 1.0), (0.2, 1.0, 1.0)], (2,)) == 0.5  # no session counts
+
+
 @pytest.mark.parametrize("name", ["ne", "ne_positive", "cali_free_ne", "nmse", "nrmse", "calibration", "auc", "auprc",
                                   "weighted_avg", "label_average"])
 def test_normalized_formulas_do_not_change_when_every_weight_is_scaled(name):

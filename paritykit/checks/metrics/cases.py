@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import METRICS, WINDOW_ONLY, MetricSpec, window_compared
+from paritykit.checks.metrics.specs import METRICS, SESSIONED, WINDOW_ONLY, MetricSpec, window_compared
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -74,7 +74,7 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
     metric = _metric(spec, rank)
     for batch in stream:
         preds, labels, weights = _tensors(spec, batch)
-        metric.update(predictions=preds, labels=labels, weights=weights)
+        metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec))
     return metric.compute()
 
 
@@ -83,6 +83,11 @@ def report_on_rank(spec: MetricSpec) -> dict[str, float]:
     import torch.distributed as dist
 
     return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec, dist.get_rank()).items() if v.numel() == 1}
+
+
+def _session_inputs(spec: MetricSpec) -> dict[str, Any]:
+    """GAUC's ``num_candidates``: the sizes of a batch's consecutive sessions."""
+    return {"num_candidates": torch.tensor(spec.sessions)} if spec.sessions else {}
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
@@ -159,7 +164,7 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
             for name in names:
                 if not _defined(name, samples):
                     continue
-                want = getattr(reference, name)(samples)
+                want = getattr(reference, name)(*((samples, spec.sessions) if spec.metric in SESSIONED else (samples,)))
                 got = _reported(report, spec.metric, task, prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if not abs(got - want) <= bound:

@@ -24,6 +24,9 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     AUPRC       = average precision: over the distinct predictions t, highest first,
                   sum (R(t) - R(t_prev)) * P(t), P and R the weighted precision and recall of [p >= t]
                   (undefined without a positive's weight)
+    GAUC        = over the sessions (consecutive samples of a batch) with both labels' weight and predictions
+                  not all equal, the mean of each session's AUC (0.5 without one); gauc_num_samples = how
+                  many such sessions
     calibration-free NE = the cross entropy over the cross entropy of the weighted mean prediction
                   q = sum w*p / sum w: sum w*CE(p, l) / (-pos log2 q - neg log2(1-q)), i.e. NE over the NE
                   of a model that predicts q everywhere (no change when every weight is scaled)
@@ -126,6 +129,30 @@ def auprc(samples: list[Sample]) -> float:
             area += (tp / positives - recall_before) * tp / (tp + fp)
             recall_before = tp / positives
     return area
+
+
+def _sessions(samples: list[Sample], sizes: tuple[int, ...]) -> list[list[Sample]]:
+    """The samples (whole batches, one after the other) cut into sessions of ``sizes``, batch after batch."""
+    cut, start = [], 0
+    while start < len(samples):
+        for size in sizes:
+            cut.append(samples[start:start + size])
+            start += size
+    return cut
+
+
+def _counted_sessions(samples: list[Sample], sizes: tuple[int, ...]) -> list[list[Sample]]:
+    return [s for s in _sessions(samples, sizes)
+            if sums(s)[1] > 0 and sums(s)[2] > 0 and len({p for p, _, _ in s}) > 1]
+
+
+def gauc(samples: list[Sample], sizes: tuple[int, ...]) -> float:
+    counted = _counted_sessions(samples, sizes)
+    return math.fsum(auc(s) for s in counted) / len(counted) if counted else 0.5
+
+
+def gauc_num_samples(samples: list[Sample], sizes: tuple[int, ...]) -> float:
+    return float(len(_counted_sessions(samples, sizes)))
 
 
 def _constant_one_mse(samples: list[Sample]) -> float:

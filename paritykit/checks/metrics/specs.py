@@ -49,9 +49,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "serving_ne": ("torchrec.metrics.serving_ne.ServingNEMetric", ("ne",), {}, "batches"),
     "serving_calibration": ("torchrec.metrics.serving_calibration.ServingCalibrationMetric", ("calibration",), {}, "batches"),
     "auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc",), {}, "samples"),
+    "gauc": ("torchrec.metrics.gauc.GAUCMetric", ("gauc", "gauc_num_samples"), {}, "batches"),
 }
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
-RANKING = ("auc", "auprc")
+RANKING = ("auc", "auprc", "gauc")
+# The metrics over sessions (``num_candidates``: consecutive samples of a batch), which RecMetricModule
+# cannot build (no RecMetricEnum member): run through their class alone.
+SESSIONED = ("gauc",)
 # The metrics that report their window only (AUPRC's lifetime value is a weighted average of the windows
 # seen at each compute() call, a history no formula over the samples gives).
 WINDOW_ONLY = ("auc", "auprc")
@@ -86,6 +90,8 @@ class MetricSpec:
     via: str = "class"
     # The streams of ranks 1, 2, ... when the metric runs on several ranks (``batches`` is rank 0's).
     rank_batches: tuple = ()
+    # GAUC's sessions: how every batch splits into consecutive sessions (sizes summing to batch_size).
+    sessions: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -98,6 +104,7 @@ class MetricSpec:
         streams = " || ".join(" | ".join("; ".join(" ".join(f"{p:g}/{l:g}/{w:g}" for p, l, w in task) for task in batch)
                                          for batch in stream) for stream in self.streams())
         ranks = "" if self.world_size == 1 else f" world_size={self.world_size}"
+        ranks += f" sessions={list(self.sessions)}" if self.sessions else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
@@ -136,7 +143,14 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
             batches.append(tuple(per_task))
         streams.append(tuple(batches))
     return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, streams[0],
-                      via=draw(st.sampled_from(("class", "module"))), rank_batches=tuple(streams[1:]))
+                      via="class" if metric in SESSIONED else draw(st.sampled_from(("class", "module"))),
+                      rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else ())
+
+
+def _sessions(batch_size: int) -> st.SearchStrategy:
+    """A split of a batch into consecutive sessions of one sample or more."""
+    cuts = st.sets(st.integers(1, batch_size - 1), max_size=batch_size - 1) if batch_size > 1 else st.just(set())
+    return cuts.map(lambda cut: tuple(b - a for a, b in zip([0, *sorted(cut)], [*sorted(cut), batch_size])))
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -163,6 +177,8 @@ def _stream(metric: str) -> tuple:
 
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
     stream = _stream(metric)
+    if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
+        return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)))
     return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"))
 
 
