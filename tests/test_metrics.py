@@ -54,6 +54,15 @@ def test_formulas_by_hand():
     assert reference.auprc(SAMPLES) == pytest.approx(1 / 4 * 1 + 3 / 4 * 4 / 6)
 
 
+def test_a_resumed_metric_covers_the_whole_stream_and_a_fresh_one_would_not():
+    spec = pinned("calibration")[2]
+    assert spec.resume_at == 2 and run_metric_case(spec)["compared"] > 0
+    # What a resume that lost the states reports (the last batch alone) fails the comparison.
+    lost = torchrec_report(dataclasses.replace(spec, batches=spec.batches[2:], resume_at=None))
+    with pytest.raises(ParityError):
+        _compare(spec, lost, "rank 0")
+
+
 def test_gauc_by_hand():
     # Sessions of two and one, twice: (0.8 pos, 0.4 pos) has no negative and (0.6) one sample: neither
     # counts; (0.7 neg, 0.9 pos) ranks right (AUC 1); (0.1 pos) alone does not count.
@@ -84,7 +93,11 @@ def _torchrec_report(spec: MetricSpec) -> dict:
     return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec).items()}
 
 
-PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc"}
+PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc",
+                 "metric-states-not-checkpointed": "calibration"}
+# The pinned case that shows each plant: the unfused one through RecMetricModule, window 6 of batches of 3;
+# for the checkpoint plant, the one resumed before its last batch.
+PLANT_CASE = {"metric-states-not-checkpointed": 2}
 
 
 def test_every_plant_has_a_metric_to_show_it():
@@ -93,7 +106,7 @@ def test_every_plant_has_a_metric_to_show_it():
 
 @pytest.mark.parametrize("plant", METRICS_PLANTS)
 def test_planted_bug_changes_what_torchrec_computes(plant):
-    spec = pinned(PLANT_METRICS[plant])[1]  # the unfused case through RecMetricModule, window 6 of batches of 3
+    spec = pinned(PLANT_METRICS[plant])[PLANT_CASE.get(plant, 1)]
     clean = _torchrec_report(spec)
     with plants.applied([plant]):
         planted = _torchrec_report(spec)

@@ -59,22 +59,27 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
 
 def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
     """What torchrec reports on ``rank`` after that rank's stream: the metric class's compute(), or the
-    module's (on several ranks, compute() reduces every rank's states: call it on every rank)."""
-    stream = spec.streams()[rank]
-    if spec.via == "module":
-        module = _metric_module(spec, rank)
-        for batch in stream:
-            preds, labels, weights = _tensors(spec, batch)
+    module's (on several ranks, compute() reduces every rank's states: call it on every rank). With
+    ``resume_at``, the metric is checkpointed before that batch: its state_dict() loaded (strictly) into
+    a fresh one, which takes the rest of the stream, as a resumed training job does; the lifetime values
+    must then cover the whole stream (the states torchrec marks persistent are those it promises to
+    checkpoint; its window buffers are not among them, so the window is not compared after a resume)."""
+    build = _metric_module if spec.via == "module" else _metric
+    metric = build(spec, rank)
+    for index, batch in enumerate(spec.streams()[rank]):
+        if index == spec.resume_at:
+            saved = metric.state_dict()
+            metric = build(spec, rank)
+            metric.load_state_dict(saved)
+        preds, labels, weights = _tensors(spec, batch)
+        if spec.via == "module":
             model_out = {}
             for t in range(spec.tasks):
                 task = TASK_NAMES[t]
                 model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
-            module.update(model_out)
-        return module.compute()
-    metric = _metric(spec, rank)
-    for batch in stream:
-        preds, labels, weights = _tensors(spec, batch)
-        metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec))
+            metric.update(model_out)
+        else:
+            metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec))
     return metric.compute()
 
 
@@ -156,7 +161,8 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         task = TASK_NAMES[t]
         streams = [[list(batch[t]) for batch in stream] for stream in spec.streams()]
         spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
-        if not (every_value or window_compared(spec.metric)):
+        # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only).
+        if spec.resume_at is not None or not (every_value or window_compared(spec.metric)):
             del spans["window"]
         if spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]

@@ -57,3 +57,18 @@ def auc_ranks_ascending() -> ContextManager[None]:
         return ascending
 
     return replaced(auc, "_compute_auc_helper", helper)
+
+
+@register("metric-states-not-checkpointed", check=CHECK)
+def metric_states_not_checkpointed() -> ContextManager[None]:
+    """Every metric state is registered non-persistent, so a checkpoint (state_dict) holds none of them and
+    a resumed job's lifetime metrics start again from zero."""
+    from torchrec.metrics.rec_metric import RecMetricComputation
+
+    def planted(original):
+        def add_state(self, name, default, add_window_state, **kwargs):
+            original(self, name, default, add_window_state, **{**kwargs, "persistent": False})
+
+        return add_state
+
+    return replaced(RecMetricComputation, "_add_state", planted)

@@ -53,6 +53,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
 }
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
 RANKING = ("auc", "auprc", "gauc")
+# The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
+# of samples would be a large checkpoint), so that a resumed one has lost them: not drawn resumed.
+NOT_CHECKPOINTED = ("auc", "auprc")
 # The metrics over sessions (``num_candidates``: consecutive samples of a batch), which RecMetricModule
 # cannot build (no RecMetricEnum member): run through their class alone.
 SESSIONED = ("gauc",)
@@ -92,6 +95,8 @@ class MetricSpec:
     rank_batches: tuple = ()
     # GAUC's sessions: how every batch splits into consecutive sessions (sizes summing to batch_size).
     sessions: tuple[int, ...] = ()
+    # Before this batch the metric is checkpointed: its state_dict() loaded into a fresh one (cases.py).
+    resume_at: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -105,6 +110,7 @@ class MetricSpec:
                                          for batch in stream) for stream in self.streams())
         ranks = "" if self.world_size == 1 else f" world_size={self.world_size}"
         ranks += f" sessions={list(self.sessions)}" if self.sessions else ""
+        ranks += f" resumed before batch {self.resume_at}" if self.resume_at is not None else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
@@ -144,7 +150,8 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
         streams.append(tuple(batches))
     return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, streams[0],
                       via="class" if metric in SESSIONED else draw(st.sampled_from(("class", "module"))),
-                      rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else ())
+                      rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
+                      resume_at=None if metric in NOT_CHECKPOINTED or count == 1 else draw(st.none() | st.integers(1, count - 1)))
 
 
 def _sessions(batch_size: int) -> st.SearchStrategy:
@@ -177,9 +184,13 @@ def _stream(metric: str) -> tuple:
 
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
     stream = _stream(metric)
+    # Resumed from a checkpoint before the last batch, where torchrec checkpoints the metric's state.
+    resumed = () if metric in NOT_CHECKPOINTED else (2,)
     if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
-        return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)))
-    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"))
+        return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)),
+                *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
+    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"),
+            *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r) for r in resumed))
 
 
 def _mirrored(stream: tuple) -> tuple:
