@@ -152,10 +152,9 @@ def check_sharded_state(spec: QuantSpec, sharded_state: dict[str, Any], state: d
         whole = quant_reference.codes(state[key], table.kind, table.dim)
         covered = torch.zeros(table.rows, table.dim, dtype=torch.int64)
         pieces = _pieces(sharded_state[key])
-        held = sum(1 for _, piece in pieces if piece.numel() > 0)
-        expect(held == _expected_shards(table, spec.world_size),
-               f"sharded state dict: table {table.name} ({table.placement}) is held in {held} non-empty shards, its plan "
-               f"places it in {_expected_shards(table, spec.world_size)}")
+        held, planned = sum(1 for _, piece in pieces if piece.numel() > 0), _expected_shards(table, spec.world_size)
+        expect(held == planned, f"sharded state dict: table {table.name} ({table.placement}) is held in {held} non-empty "
+                                f"shards, its plan places it in {planned}")
         for (row, column), piece in pieces:
             rows, columns = piece.shape[0], _logical_columns(piece, table)
             mine = quant_reference.codes(piece, table.kind, columns)

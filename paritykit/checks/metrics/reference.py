@@ -74,8 +74,8 @@ def ne_positive(samples: list[Sample]) -> float:
 
 
 def cali_free_ne(samples: list[Sample]) -> float:
-    weight, pos, neg = sums(samples)
-    mean_prediction = math.fsum(w * p for p, _, w in samples) / weight
+    _, pos, neg = sums(samples)
+    mean_prediction = weighted_avg(samples)
     return _cross_entropy(samples) / (-pos * math.log2(mean_prediction) - neg * math.log2(1.0 - mean_prediction))
 
 
@@ -95,7 +95,7 @@ def ctr(samples: list[Sample]) -> float:
 
 def calibration(samples: list[Sample]) -> float:
     _, pos, _ = sums(samples)
-    return 0.0 if pos <= 0 else math.fsum(w * p for p, _, w in samples) / pos
+    return 0.0 if pos <= 0 else weighted_sum_predictions(samples) / pos
 
 
 def mse(samples: list[Sample]) -> float:
@@ -107,11 +107,11 @@ def rmse(samples: list[Sample]) -> float:
 
 
 def weighted_avg(samples: list[Sample]) -> float:
-    return math.fsum(w * p for p, _, w in samples) / sums(samples)[0]
+    return weighted_sum_predictions(samples) / sums(samples)[0]
 
 
 def prediction_average(samples: list[Sample]) -> float:
-    return _ratio(math.fsum(w * p for p, _, w in samples), sums(samples)[0])
+    return _ratio(weighted_sum_predictions(samples), sums(samples)[0])
 
 
 def label_average(samples: list[Sample]) -> float:
@@ -142,8 +142,8 @@ def _sessions(samples: list[Sample], sizes: tuple[int, ...]) -> list[list[Sample
 
 
 def _counted_sessions(samples: list[Sample], sizes: tuple[int, ...]) -> list[list[Sample]]:
-    return [s for s in _sessions(samples, sizes)
-            if sums(s)[1] > 0 and sums(s)[2] > 0 and len({p for p, _, _ in s}) > 1]
+    """The sessions with both labels' weight and predictions not all equal."""
+    return [s for s in _sessions(samples, sizes) if min(sums(s)[1:]) > 0 and len({p for p, _, _ in s}) > 1]
 
 
 def gauc(samples: list[Sample], sizes: tuple[int, ...]) -> float:
