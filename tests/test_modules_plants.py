@@ -80,6 +80,12 @@ def _lru():
     return LRU_EvictionPolicy()
 
 
+def _average_filtered_lfu():
+    from torchrec.modules import mc_modules
+
+    return mc_modules.LFU_EvictionPolicy(threshold_filtering_func=mc_modules.average_threshold_filter)
+
+
 def _interaction():
     from torchrec.models.dlrm import InteractionArch
 
@@ -100,6 +106,8 @@ TORCHREC_NUMBERS = {
     "mch-input-hash-not-applied": lambda: _remap([[1, 3, 5], [2]], input_hash_size=2, input_hash_func=torch.remainder),
     # 1, 2, 3 fill the three slots; 4 then ties with 3 (one hit each).
     "lfu-ties-favour-new-ids": lambda: _remap([[1, 1, 2, 2, 3], [4], [3, 4]]),
+    # counts (2, 2): the mean, 2, which only a count strictly above passes; the plant lets both in.
+    "threshold-filter-passes-ties": lambda: _remap([[1, 1, 2, 2]], _average_filtered_lfu()),
     # 1, 2, 3 fill the three slots; 4 then replaces the least recent of them (a tie of three: the
     # largest id), which the plant keeps.
     "lru-keeps-least-recent": lambda: _remap([[1, 2, 3], [4], [1, 4]], _lru()),

@@ -14,13 +14,14 @@ norm-wise), their gradient a scatter-add by hand of the upstream gradient at tho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from hypothesis import strategies as st
 
-from paritykit.checks.modules.mc_reference import POLICIES, EvictionTable
+from paritykit.checks.modules.mc_reference import FILTERS, POLICIES, EvictionTable
 from paritykit.errors import ParityError
 
 
@@ -61,9 +62,13 @@ class MCSpec:
     policy: str = "lfu"  # one of mc_reference.POLICIES
     decay: float = 1.0  # LRU's and DistanceLFU's decay_exponent
     hash_size: int = 0  # input_hash_size with AffineHash as the input_hash_func; 0: no input_hash_func
+    threshold: str = ""  # the policy's threshold filter (mc_reference.FILTERS); "": none
+    skew: float = 1.0  # the dynamic filter's threshold_skew_multiplier
 
     def case_id(self) -> str:
         policy = "" if self.policy == "lfu" else f" policy={self.policy} decay_exponent={self.decay:g}"
+        if self.threshold:
+            policy += f" threshold_filter={self.threshold}" + (f"(skew={self.skew:g})" if self.threshold == "dynamic" else "")
         hashed = f" input_hash_func=AffineHash input_hash_size={self.hash_size}" if self.hash_size else ""
         return (f"{self.module} zch_size={self.zch_size} eviction_interval={self.eviction_interval} offset={self.offset}{policy}{hashed} "
                 f"steps={list(map(list, self.steps))} cuts={list(self.cuts)} seed={self.seed}")
@@ -77,12 +82,20 @@ class MCSpec:
         return {"input_hash_size": self.hash_size, "input_hash_func": AffineHash()} if self.hash_size else {}
 
     def eviction_policy(self) -> Any:
-        from torchrec.modules.mc_modules import DistanceLFU_EvictionPolicy, LFU_EvictionPolicy, LRU_EvictionPolicy
+        from torchrec.modules import mc_modules
 
+        kwargs: dict[str, Any] = {"threshold_filtering_func": self.threshold_filter()} if self.threshold else {}
         if self.policy == "lfu":
-            return LFU_EvictionPolicy()
-        policy = LRU_EvictionPolicy if self.policy == "lru" else DistanceLFU_EvictionPolicy
-        return policy(decay_exponent=self.decay)
+            return mc_modules.LFU_EvictionPolicy(**kwargs)
+        policy = mc_modules.LRU_EvictionPolicy if self.policy == "lru" else mc_modules.DistanceLFU_EvictionPolicy
+        return policy(decay_exponent=self.decay, **kwargs)
+
+    def threshold_filter(self) -> Callable[[torch.Tensor], Any]:
+        from torchrec.modules import mc_modules
+
+        if self.threshold == "average":
+            return mc_modules.average_threshold_filter
+        return functools.partial(mc_modules.dynamic_threshold_filter, threshold_skew_multiplier=self.skew)
 
 
 @st.composite
@@ -99,7 +112,11 @@ def mc_specs(draw: st.DrawFn, module: str) -> MCSpec:
     decay = 1.0 if policy == "lfu" else draw(st.sampled_from((1.0, 2.0)))
     # An input hash onto fewer values than the universe makes raw ids collide before the remap.
     hash_size = draw(st.one_of(st.just(0), st.integers(1, 3 * zch)))
-    return MCSpec(module, zch, draw(st.integers(1, 3)), steps, cuts, offset, draw(st.integers(0, 2**16)), policy, decay, hash_size)
+    # A threshold filter in two cases of five; skew multipliers around 1 pass some ids and stop others.
+    threshold = draw(st.sampled_from(FILTERS + ("",) * (len(FILTERS) - 1)))
+    skew = draw(st.sampled_from((0.5, 1.0, 1.5, 2.0))) if threshold == "dynamic" else 1.0
+    return MCSpec(module, zch, draw(st.integers(1, 3)), steps, cuts, offset, draw(st.integers(0, 2**16)), policy, decay, hash_size,
+                  threshold, skew)
 
 
 class SlotRules:
@@ -108,7 +125,7 @@ class SlotRules:
     def __init__(self, spec: MCSpec, case_id: str | None = None) -> None:
         """``case_id``: the case named in failures (a sharded case's, for the model of one shard)."""
         self.spec, self.slots, self.case_id = spec, {}, case_id or spec.case_id()
-        self.model = EvictionTable(spec.zch_size, spec.eviction_interval, spec.policy, spec.decay)
+        self.model = EvictionTable(spec.zch_size, spec.eviction_interval, spec.policy, spec.decay, spec.threshold, spec.skew)
         self.default = spec.offset + spec.zch_size - 1
 
     def record(self, ids: list[int]) -> None:

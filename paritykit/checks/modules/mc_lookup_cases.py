@@ -110,7 +110,12 @@ PINNED = {
                  MCSpec("remapper", 2, 3, ((1, 1, 1, 1, 1), (10, 11, 12, 13, 14), (2, 2, 20, 21, 22)), (2, 1, 3),
                         policy="distance_lfu"),
                  # input_hash_size 5: (7 id + 3) mod 5 sends 1, 6 and 11 to 0; they share one slot.
-                 MCSpec("remapper", 3, 1, ((1, 6, 2, 11), (2, 4, 6, 9)), (2, 1), offset=2, hash_size=5)),
+                 MCSpec("remapper", 3, 1, ((1, 6, 2, 11), (2, 4, 6, 9)), (2, 1), offset=2, hash_size=5),
+                 # Threshold filters: the second forward's counts (2, 2) and the window's (2, 1, 3, 2) sit on
+                 # their thresholds (the mean 2; 8 / 4 x 1.0), which only a count strictly above passes.
+                 MCSpec("remapper", 3, 1, ((1, 1, 1, 2), (2, 2, 3, 3), (5, 5, 5, 1)), (2, 1, 3), threshold="average"),
+                 MCSpec("remapper", 3, 2, ((1, 2, 3, 3), (3, 4, 4, 1), (5, 5, 6, 1), (2, 2, 2, 6)), (1, 2, 2, 0), policy="lru",
+                        threshold="dynamic", skew=1.0)),
     "mc-ec": (MCSpec("mc-ec", 5, 1, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1)), (2, 3)),
               MCSpec("mc-ec", 4, 1, ((7, 2, 12, 100), (7, 3, 3, 8)), (2, 3), hash_size=6)),
     "mc-ebc": (MCSpec("mc-ebc", 5, 2, ((7, 8, 9, 7, 100), (7, 3, 3, 8, 1), (2, 2, 4, 4, 7)), (2, 3, 5)),),

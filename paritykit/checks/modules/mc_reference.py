@@ -14,6 +14,12 @@ Ties go to the ids already holding a slot, in id order, then to the new ids by w
 stable sorts over the table in id order and the window's unique ids in count order). An id keeps its
 slot for as long as it stays. In eval mode nothing is recorded and the table does not change.
 
+A threshold filter (the policy's ``threshold_filtering_func``) is given the window's counts of its
+unique ids (n of them, summing to `total`); only the ids it passes take part in the coalescing (held
+ones included: an id that fails is as if unseen in that window). ``average``: a count strictly above
+the mean, total / n; ``dynamic``: strictly above total / n x the skew multiplier, the threshold in
+float32 as torchrec computes it.
+
 The window is a buffer of int(first batch's ids x interval x 1.25) elements that silently drops what
 does not fit: the cases feed the same number of ids every forward, so that it never fills.
 """
@@ -25,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 POLICIES = ("lfu", "lru", "distance_lfu")
+FILTERS = ("", "average", "dynamic")  # "": no threshold filter
 
 
 def float32(x: float) -> float:
@@ -38,6 +45,8 @@ class EvictionTable:
     eviction_interval: int
     policy: str = "lfu"
     decay: float = 1.0  # LRU and DistanceLFU: exponents whose powers of small integers are exact
+    threshold: str = ""  # one of FILTERS
+    skew: float = 1.0  # the dynamic filter's threshold_skew_multiplier
     counts: dict[int, int] = field(default_factory=dict)  # id -> count, for the ids holding a slot
     last: dict[int, int] = field(default_factory=dict)  # id -> its last access, for the ids holding a slot
     window: list[tuple[int, int]] = field(default_factory=list)  # (id, forward)
@@ -46,6 +55,8 @@ class EvictionTable:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"eviction policy {self.policy!r} is not one of {POLICIES}")
+        if self.threshold not in FILTERS:
+            raise ValueError(f"threshold filter {self.threshold!r} is not one of {FILTERS}")
 
     @property
     def capacity(self) -> int:
@@ -65,9 +76,10 @@ class EvictionTable:
         self.window += [(i, self.forwards) for i in ids]
         if self.forwards % self.eviction_interval:
             return []
-        counts, seen = Counter(i for i, _ in self.window), {}
+        counts, seen = self.passing(Counter(i for i, _ in self.window)), {}
         for i, forward in self.window:
-            seen[i] = max(seen.get(i, 0), forward)
+            if i in counts:
+                seen[i] = max(seen.get(i, 0), forward)
         self.window = []
         for held in self.counts:
             self.counts[held] += counts.get(held, 0)
@@ -80,6 +92,16 @@ class EvictionTable:
         self.counts = {i: c for i, c, _ in kept}
         self.last = {i: t for i, _, t in kept}
         return evicted
+
+    def passing(self, counts: Counter) -> dict[int, int]:
+        """The window's counts of the ids the threshold filter passes."""
+        if not self.threshold:
+            return dict(counts)
+        n, total = len(counts), sum(counts.values())
+        if self.threshold == "average":  # in integers: a mean that is not whole lies >= 1/n from every count, far beyond float32's error
+            return {i: c for i, c in counts.items() if c * n > total}
+        threshold = float32(float32(1 / n * self.skew) * total)
+        return {i: c for i, c in counts.items() if c > threshold}
 
     def holds(self, id_: int) -> bool:
         return id_ in self.counts

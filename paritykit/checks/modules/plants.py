@@ -10,7 +10,7 @@ from typing import ContextManager
 
 import torch
 
-from paritykit.harness.patching import replaced
+from paritykit.harness.patching import replaced, replaced_all
 from paritykit.harness.plants import register
 
 CHECK = "modules"
@@ -161,6 +161,23 @@ def mch_input_hash_not_applied() -> ContextManager[None]:
     from torchrec.modules.mc_modules import MCHManagedCollisionModule
 
     return replaced(MCHManagedCollisionModule, "preprocess", lambda _original: lambda self, features: features)
+
+
+@register("threshold-filter-passes-ties", check=CHECK)
+def threshold_filter_passes_ties() -> ContextManager[None]:
+    """The MCH threshold filters pass an id whose window count equals the threshold (``>=`` for ``>``)."""
+    from torchrec.modules import mc_modules
+
+    def average(id_counts):
+        threshold = id_counts.float().mean()
+        return id_counts >= threshold, threshold
+
+    def dynamic(id_counts, threshold_skew_multiplier=10.0):
+        threshold = 1 / id_counts.numel() * threshold_skew_multiplier * id_counts.sum()
+        return id_counts >= threshold, threshold
+
+    return replaced_all([(mc_modules, "average_threshold_filter", lambda _original: average),
+                         (mc_modules, "dynamic_threshold_filter", lambda _original: dynamic)])
 
 
 @register("lfu-ties-favour-new-ids", check=CHECK)
