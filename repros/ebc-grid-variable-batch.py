@@ -194,6 +194,8 @@ def placement(table: str):
     kernel = CONFIG["kernels"][table]
     if kind == "column_wise":
         return sp.column_wise(ranks=list(args[0]), compute_kernel=kernel)
+    if kind == "column_wise_sized":  # shard i, of the i-th width, on rank i
+        return sp.column_wise(size_per_rank=list(args[0]), compute_kernel=kernel)
     if kind == "table_column_wise":  # column-wise shards read as table-column-wise, as torchrec's TwCw sharding does
         column_wise = sp.column_wise(ranks=list(args[0]), compute_kernel=kernel)
         return lambda *a: dataclasses.replace(column_wise(*a), sharding_type="table_column_wise")

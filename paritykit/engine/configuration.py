@@ -47,7 +47,12 @@ def short_placement(sharding: Any, world_size: int) -> tuple:
     """paritykit's short form of a resolved ParameterSharding ("column_wise", (1, 0)), ("row_wise",), ..."""
     kind, ranks = sharding.sharding_type, [r for r in (sharding.ranks or []) if r is not None]
     local = local_world_size(world_size)
-    if kind in ("column_wise", "table_column_wise"):
+    if kind == "column_wise":
+        widths = [shard.shard_sizes[1] for shard in sorted(sharding.sharding_spec.shards, key=lambda s: s.shard_offsets[1])]
+        if len(set(widths)) > 1 and ranks == list(range(len(ranks))):  # column_wise(size_per_rank=widths)
+            return ("column_wise_sized", tuple(widths))
+        return (kind, tuple(ranks))
+    if kind == "table_column_wise":
         return (kind, tuple(ranks))
     if kind == "table_wise":
         return (kind, ranks[0] if ranks else 0)

@@ -1,7 +1,7 @@
 """The one plan type: per-table placements, normalised, validated, described and handed to torchrec.
 
     plan = {"t0": ("column_wise", (0, 1, 0)), "t1": ("table_wise", 1), "t2": ("row_wise",),
-            "t3": ("table_row_wise", 0), "t4": ("data_parallel",)}
+            "t3": ("table_row_wise", 0), "t4": ("data_parallel",), "t5": ("column_wise_sized", (4, 8))}
     validate_plan(tables, plan, world_size)     # normalised; HarnessError naming the table or rank
     describe_plan(plan)                         # "{'t0': column_wise(0,1,0), 't1': table_wise(1)}"
     module_sharding_plan(module, plan, ...)     # torchrec's EmbeddingModuleShardingPlan
@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from paritykit.harness.hosts import host_layout, ranks_per_host_of_this_launch
 # Plan entry kinds (torchrec's sharding type names) and the number of arguments each takes.
 PLAN_KINDS = {
     "column_wise": 1,
+    # Column shards of the given widths, shard i on rank i: torchrec's column_wise(size_per_rank=widths).
+    "column_wise_sized": 1,
     "table_column_wise": 1,
     "table_wise": 1,
     "row_wise": 0,
@@ -30,7 +33,7 @@ PLAN_KINDS = {
     "data_parallel": 0,
 }
 # Kinds whose argument is a sequence of ranks (or host indexes) rather than one number.
-_SEQUENCE_ARGUMENT = ("column_wise", "table_column_wise", "grid_shard")
+_SEQUENCE_ARGUMENT = ("column_wise", "column_wise_sized", "table_column_wise", "grid_shard")
 
 
 def normalize_plan_entry(table: str, entry: Any) -> tuple:
@@ -54,6 +57,8 @@ def entry_ranks(entry: tuple) -> tuple[int, ...]:
     """The ranks a normalised entry names explicitly (CW shard ranks, the TW rank)."""
     if entry[0] in ("column_wise", "table_column_wise"):
         return entry[1]
+    if entry[0] == "column_wise_sized":
+        return tuple(range(len(entry[1])))
     if entry[0] == "table_wise":
         return (entry[1],)
     return ()
@@ -80,6 +85,9 @@ def validate_plan(tables: Sequence[Any], plan: Mapping[str, Any], world_size: in
                 f"plan entry for table {table.name!r}: embedding_dim {table.embedding_dim} "
                 f"is not divisible into {len(entry[1])} column-wise shards"
             )
+        if entry[0] == "column_wise_sized" and (sum(entry[1]) != table.embedding_dim or min(entry[1]) <= 0):
+            raise HarnessError(f"plan entry for table {table.name!r}: column shard widths {list(entry[1])} must be positive "
+                               f"and add up to its embedding_dim {table.embedding_dim}")
         normalized[table.name] = entry
     return normalized
 
@@ -168,6 +176,10 @@ def parameter_sharding_generator(entry: tuple, compute_kernel: str | None):
     kind, *args = entry
     if kind == "column_wise":
         return sp.column_wise(ranks=list(args[0]), compute_kernel=compute_kernel)
+    if kind == "column_wise_sized":
+        if not column_widths_supported():
+            raise HarnessError("column_wise_sized needs torchrec's column_wise(size_per_rank=...), which this torchrec lacks")
+        return sp.column_wise(size_per_rank=list(args[0]), compute_kernel=compute_kernel)
     if kind == "table_column_wise":
         return table_column_wise(list(args[0]), compute_kernel)
     if kind == "grid_shard":
@@ -180,6 +192,13 @@ def parameter_sharding_generator(entry: tuple, compute_kernel: str | None):
         # torchrec's table_row_wise takes no kernel; it picks one itself.
         return sp.table_row_wise(host_index=args[0])
     return sp.data_parallel()
+
+
+def column_widths_supported() -> bool:
+    """Whether this torchrec's column_wise helper takes the shards' widths (``size_per_rank``)."""
+    from torchrec.distributed import sharding_plan as sp
+
+    return "size_per_rank" in inspect.signature(sp.column_wise).parameters
 
 
 def table_column_wise(ranks: list[int], compute_kernel: str | None = None):

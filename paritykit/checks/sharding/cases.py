@@ -72,7 +72,8 @@ class ShardingCase:
 
     def plan_shape(self) -> str:
         """The plan with table names and ranks left out: what a count of examples is grouped by."""
-        kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "table_column_wise") else e[0] for e in self.plan.values())
+        kinds = sorted(f"{e[0]}x{len(e[1])}" if e[0] in ("column_wise", "column_wise_sized", "table_column_wise") else e[0]
+                       for e in self.plan.values())
         vbe = "/vbe" if any(b.inverse for step in self.steps for b in step) else ""
         return f"{self.module}/ws{self.world_size}{self._hosts_label('/')}/{optimizer_name(self.optimizer)}/" + "+".join(kinds) + vbe
 

@@ -2,7 +2,8 @@
 
 One module per case (EBC or EC) with 1-4 tables, several features per table and features shared
 between tables, each table placed any way its sharder implements (EBC: TW, RW, CW and TWCW with
-shards on ranks in any order and repeated, TWRW, GRID, DP; EC: TW, RW, CW, DP), fused or dense
+shards on ranks in any order and repeated, CW shards of unequal widths, TWRW, GRID, DP; EC: TW, RW,
+CW, DP), fused or dense
 kernels, SUM and MEAN pooling in one module, per-id weights (EBC), ``need_indices`` (EC), a
 variable batch per feature with inverse indices (VBE, EBC), the KJT's keys in any order, empty rows
 and empty features, and several training steps with a fused and a dense optimizer whose
@@ -32,11 +33,14 @@ from paritykit.harness.hosts import HostLayout, host_layout
 from paritykit.harness.plans import ROW_WISE_FAMILY
 from paritykit.harness.tables import TableSpec
 
-EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
+# column_wise_sized: column shards of drawn, unequal widths, shard i on rank i (column_wise(size_per_rank=...)).
+EBC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel",
+                  "column_wise_sized")
 EC_PLACEMENTS = ("table_wise", "row_wise", "column_wise", "data_parallel")
 # Placements whose torchrec code depends on the hosts (intra- and cross-host process groups).
 BY_HOST = ("table_row_wise", "grid_shard")
 SHARD_WIDTHS = (4, 8)
+SIZED_SHARD_WIDTHS = (4, 8, 12)
 SHARD_COUNTS = (1, 2, 3, 4)
 MAX_IDS_PER_ROW = 3
 
@@ -75,6 +79,11 @@ def _shape(draw: Any, kind: str, hosts: HostLayout) -> tuple[int, int]:
     return blocks, blocks * MIN_CW_DIM
 
 
+def _column_widths(draw: Any, hosts: HostLayout) -> tuple[int, ...]:
+    """column_wise_sized's widths: one shard per rank from rank 0, at most one per rank."""
+    return tuple(draw(st.lists(st.sampled_from(SIZED_SHARD_WIDTHS), min_size=1, max_size=min(hosts.world_size, max(SHARD_COUNTS)))))
+
+
 def _draw_tables(draw: Any, module: str, hosts: HostLayout, device_kinds: tuple[str, ...]):
     count = draw(st.integers(1, 4))
     by_host = tuple(k for k in BY_HOST if k in device_kinds) if hosts.hosts > 1 else ()
@@ -84,14 +93,15 @@ def _draw_tables(draw: Any, module: str, hosts: HostLayout, device_kinds: tuple[
     tables, plan, kernels = [], {}, {}
     for index in range(count):
         kind = draw(st.sampled_from(by_host if index == 0 and by_host else device_kinds))
-        shards, dim = (ec_shards, ec_shards * ec_width) if module == "ec" else _shape(draw, kind, hosts)
+        widths = _column_widths(draw, hosts) if kind == "column_wise_sized" else ()
+        shards, dim = (ec_shards, ec_shards * ec_width) if module == "ec" else (len(widths), sum(widths)) if widths else _shape(draw, kind, hosts)
         names = [features[index]] + ([features[draw(st.integers(0, index - 1))]] if index and draw(st.booleans()) else [])
         tables.append(TableSpec(
             name=f"t{index}", num_embeddings=draw(st.integers(4, 12)), embedding_dim=dim,
             feature_names=tuple(dict.fromkeys(names)),
             pooling="SUM" if module == "ec" or weighted else draw(st.sampled_from(("SUM", "MEAN"))),
         ))
-        plan[f"t{index}"] = _placement(draw, kind, hosts, shards)
+        plan[f"t{index}"] = ("column_wise_sized", widths) if widths else _placement(draw, kind, hosts, shards)
         kernels[f"t{index}"] = "fused" if module == "ec" else draw(st.sampled_from(("fused", "dense")))
     return tables, plan, kernels, weighted
 

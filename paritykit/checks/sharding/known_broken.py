@@ -106,6 +106,10 @@ def _ec_data_parallel(case: ShardingCase) -> bool:
     return case.module == "ec" and any(entry[0] == "data_parallel" for entry in case.plan.values())
 
 
+def _ec_uneven_column_widths(case: ShardingCase) -> bool:
+    return case.module == "ec" and any(e[0] == "column_wise_sized" and len(set(e[1])) > 1 for e in case.plan.values())
+
+
 def _ec_dense(case: ShardingCase) -> bool:
     return case.module == "ec" and any(case.kernel_of(t) == "dense" for t in case.plan if case.plan[t][0] != "data_parallel")
 
@@ -178,6 +182,13 @@ RULES = (
         draws=("cpu", "ec", "data_parallel"),
     ),
     BrokenCombination(
+        "ec-column-wise-uneven-widths",
+        "a sharded EmbeddingCollection with column-wise shards of unequal widths (torchrec's column_wise(size_per_rank=...)) "
+        "fails in its output all-to-all (split sizes do not match), while an EBC trains with the same shards",
+        _ec_uneven_column_widths,
+        lambda case: dataclasses.replace(case, plan={t: (("table_wise", 0) if e[0] == "column_wise_sized" else e) for t, e in case.plan.items()}),
+    ),
+    BrokenCombination(
         "ec-dense-kernel",
         "a sharded EmbeddingCollection with the dense kernel on CPU fails in its output split (split sizes do not match)",
         _ec_dense,
@@ -248,7 +259,7 @@ def _vbe_steps(world_size: int) -> tuple[tuple[RankBatch, ...], ...]:
 
 
 # Rules that need more than one rank to show (ranks with different batch sizes).
-MIN_WORLD_SIZE = {"row-wise-family-uneven-batch": 2, "row-wise-shard-without-rows": 2, "ebc-grid-variable-batch": 2,
+MIN_WORLD_SIZE = {"row-wise-family-uneven-batch": 2, "ec-column-wise-uneven-widths": 2, "row-wise-shard-without-rows": 2, "ebc-grid-variable-batch": 2,
                   "one-row-shard-row-states-as-single-values": 2}
 
 
@@ -287,6 +298,9 @@ def known_broken_cases(world_size: int) -> dict[str, ShardingCase]:
             "ebc", world_size, ebc_tables, {"t0": ("grid_shard", (0,)), "t1": ("grid_shard", (0,))}, steps=steps, seed=22),
         "ec-data-parallel": ShardingCase(
             "ec", world_size, ec_tables, {"t0": ("column_wise", (0, last)), "t1": ("data_parallel",)}, steps=steps, seed=23),
+        "ec-column-wise-uneven-widths": ShardingCase(
+            "ec", world_size, (TableSpec("t0", 10, 12, ("f0",)), TableSpec("t1", 8, 12, ("f1", "f2"))),
+            {"t0": ("column_wise_sized", (4, 8)), "t1": ("table_wise", last)}, steps=steps, seed=28),
         "ec-dense-kernel": ShardingCase(
             "ec", world_size, ec_tables, {"t0": ("column_wise", (0, last)), "t1": ("table_wise", 0)}, kernel="dense",
             steps=steps, seed=24),

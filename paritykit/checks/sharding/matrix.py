@@ -19,7 +19,7 @@ from paritykit.checks.sharding.pinned import pinned_cases
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.harness.hosts import HostLayout, host_layout
-from paritykit.harness.plans import implemented_placements, local_world_size
+from paritykit.harness.plans import column_widths_supported, implemented_placements, local_world_size
 
 NAME = "sharding"
 
@@ -30,10 +30,14 @@ def examples_per_plan_shape(results: list[CaseResult]) -> Counter:
 
 
 def placements_by_module(device: str) -> dict[str, tuple[str, ...]]:
-    return {
-        "ebc": tuple(k for k in EBC_PLACEMENTS if k in implemented_placements("ebc", device)),
-        "ec": tuple(k for k in EC_PLACEMENTS if k in implemented_placements("ec", device)),
-    }
+    """The placements drawn per module: those torchrec's sharder implements, and column-wise shards of
+    unequal widths wherever column-wise is and torchrec's helper takes the widths."""
+    def drawn(module: str, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        implemented = implemented_placements(module, device)
+        sized = "column_wise" in implemented and column_widths_supported()
+        return tuple(k for k in kinds if k in implemented or (k == "column_wise_sized" and sized))
+
+    return {"ebc": drawn("ebc", EBC_PLACEMENTS), "ec": drawn("ec", EC_PLACEMENTS)}
 
 
 def host_layouts(config: GateConfig) -> list[HostLayout]:

@@ -38,6 +38,10 @@ def _vbe_steps(world_size: int, steps: int = 3):
     return tuple(tuple(batch(rank + step) for rank in range(world_size)) for step in range(steps))
 
 
+# Widths of two tables' column shards (12 and 16 columns), shard i on rank i, per world size (3: three or more).
+_UNEVEN_WIDTHS = {1: ((12,), (16,)), 2: ((8, 4), (4, 12)), 3: ((8, 4), (4, 8, 4))}
+
+
 def pinned_cases(world_size: int, ranks_per_host: int | None = None) -> tuple[ShardingCase, ...]:
     """The one-host cases, or on several hosts (``ranks_per_host``) the cross-host ones."""
     if ranks_per_host is not None and ranks_per_host < world_size:
@@ -68,6 +72,13 @@ def pinned_cases(world_size: int, ranks_per_host: int | None = None) -> tuple[Sh
         # A variable batch per feature with inverse indices over RW, CW and TWCW.
         ShardingCase("ebc", world_size, sums, {"t0": ("row_wise",), "t1": ("column_wise", (0, last)), "t2": ("table_column_wise", (last, 0))},
                      optimizer="rowwise_adagrad", steps=_vbe_steps(world_size), seed=10),
+        # Column shards of unequal widths (column_wise(size_per_rank=...)), MEAN beside SUM, beside equal-width
+        # CW shards; row-wise Adagrad keeps one accumulator per shard row.
+        ShardingCase("ebc", world_size, (TableSpec("t0", 10, 12, ("f0",)), TableSpec("t1", 8, 16, ("f1", "f2"), "MEAN"),
+                                         TableSpec("t2", 8, 8, ("f2",))),
+                     {"t0": ("column_wise_sized", _UNEVEN_WIDTHS[min(world_size, 3)][0]),
+                      "t1": ("column_wise_sized", _UNEVEN_WIDTHS[min(world_size, 3)][1]), "t2": ("column_wise", (last, 0))},
+                     optimizer="rowwise_adagrad", steps=_steps(world_size), seed=13),
     ) + ((
         # A variable batch over row-wise MEAN tables alone: the MEAN divisor of a variable batch is expanded
         # by the inverse indices (embeddingbag's mean-pooling callback). One placement kind: a plan that

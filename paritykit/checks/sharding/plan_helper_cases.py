@@ -27,7 +27,7 @@ from paritykit.errors import ParityError
 from paritykit.harness.plans import describe_plan
 
 # Helpers that take a compute kernel (table_row_wise and grid_shard pick their own; data_parallel is dense).
-_KERNEL_ARGUMENT = ("table_wise", "row_wise", "column_wise")
+_KERNEL_ARGUMENT = ("table_wise", "row_wise", "column_wise", "column_wise_sized")
 # torchrec's grid cuts columns into blocks of this many (its planner's MIN_CW_DIM).
 GRID_BLOCK = 128
 
@@ -62,6 +62,7 @@ def helper_of(entry: tuple, kernel: str | None):
         "table_wise": lambda: sp.table_wise(rank=args[0], **kw),
         "row_wise": lambda: sp.row_wise(**kw),
         "column_wise": lambda: sp.column_wise(ranks=list(args[0]), **kw),
+        "column_wise_sized": lambda: sp.column_wise(size_per_rank=list(args[0]), **kw),
         "table_row_wise": lambda: sp.table_row_wise(host_index=args[0]),
         "grid_shard": lambda: sp.grid_shard(host_indexes=list(args[0])),
         "data_parallel": lambda: sp.data_parallel(),
@@ -228,6 +229,9 @@ def _entry(draw, kind: str, world_size: int, local_size: int) -> tuple[tuple, in
             pool = pool[host * local_size:(host + 1) * local_size]
         ranks = tuple(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4)))
         return (kind, ranks), len(ranks) * 4 * draw(st.integers(1, 3))
+    if kind == "column_wise_sized":  # shard i on rank i
+        widths = tuple(draw(st.lists(st.sampled_from((4, 8, 12, 16)), min_size=1, max_size=min(4, world_size))))
+        return (kind, widths), sum(widths)
     if kind == "table_row_wise":
         return (kind, draw(st.integers(0, hosts - 1))), 4 * draw(st.integers(1, 4))
     if kind == "grid_shard":
@@ -238,7 +242,10 @@ def _entry(draw, kind: str, world_size: int, local_size: int) -> tuple[tuple, in
 
 @st.composite
 def plan_helper_cases(draw) -> PlanHelperCase:
+    from paritykit.harness.plans import column_widths_supported
+
     kinds = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
+    kinds += ("column_wise_sized",) if column_widths_supported() else ()
     local_size = draw(st.sampled_from((1, 2, 3, 4)))
     world_size = local_size * draw(st.integers(1, 3))
     tables, plan, kernels = [], {}, {}
@@ -254,13 +261,19 @@ def plan_helper_cases(draw) -> PlanHelperCase:
 
 def pinned_plan_helper_cases() -> tuple[PlanHelperCase, ...]:
     """The tutorial's placements on 2 hosts of 2: CW on [0, 1, 0] and a 3-cycle, rows fewer than
-    ranks (row-wise leaves a rank none), TWRW on the second host, GRID blocks in reverse host order."""
+    ranks (row-wise leaves a rank none), TWRW on the second host, GRID blocks in reverse host order;
+    column shards of unequal widths."""
+    from paritykit.harness.plans import column_widths_supported
+
     tables = (("t0", 10, 12), ("t1", 3, 8), ("t2", 9, 16), ("t3", 7, 2 * GRID_BLOCK), ("t4", 5, 8), ("t5", 6, 24))
     plan = {"t0": ("column_wise", (0, 1, 0)), "t1": ("row_wise",), "t2": ("table_row_wise", 1), "t3": ("grid_shard", (1, 0)),
             "t4": ("table_wise", 3), "t5": ("column_wise", (3, 0, 0))}
     twcw = {"t0": ("table_column_wise", (3, 2, 3)), "t1": ("data_parallel",), "t2": ("row_wise",), "t3": ("grid_shard", (1, 1)),
             "t4": ("table_wise", 0), "t5": ("table_column_wise", (0, 1))}
-    return (PlanHelperCase(4, 2, tables, plan, {"t0": "dense", "t1": "fused"}), PlanHelperCase(4, 2, tables, twcw))
+    cases = [PlanHelperCase(4, 2, tables, plan, {"t0": "dense", "t1": "fused"}), PlanHelperCase(4, 2, tables, twcw)]
+    if column_widths_supported():  # shards of 8, 4 and 12 columns on ranks 0, 1, 2 (size_per_rank)
+        cases.append(PlanHelperCase(4, 2, tables, {**plan, "t5": ("column_wise_sized", (8, 4, 12))}, {"t5": "fused"}))
+    return tuple(cases)
 
 
 def narrow_column_shards_case() -> PlanHelperCase:

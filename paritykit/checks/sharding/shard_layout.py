@@ -10,6 +10,8 @@ A shard is (rank, (row offset, column offset), (rows, columns)). ``W`` ranks in 
   fewer rows, or none: torchrec's docstring, 10 rows on 4 ranks are 3, 3, 3, 1);
 - ``column_wise(ranks=[r0, ..., rn-1])``: columns cut into n equal shards, shard i on ranks[i]
   (ranks in any order, repeats allowed: stitching.py's oracle for how they are put back);
+- ``column_wise(size_per_rank=[w0, ..., wn-1])``: shard i of w_i columns, from column w0 + ... +
+  w(i-1), on rank i;
 - ``table_row_wise(host_index=h)``: rows cut as row-wise over the L ranks of host h, in local order;
 - ``grid_shard(host_indexes=[h0, ...])``: columns cut into one block per entry, block b row-wise
   over the ranks of host h_b;
@@ -63,6 +65,10 @@ def expected_layout(entry: tuple, shape: tuple[int, int], world_size: int, local
         ranks = tuple(args[0])
         cuts = column_blocks(columns, len(ranks))
         return Layout(kind, ranks, tuple((r, (0, o), (rows, w)) for r, (o, w) in zip(ranks, cuts)))
+    if kind == "column_wise_sized":  # shard i, widths[i] columns wide, on rank i
+        offsets = [sum(args[0][:i]) for i in range(len(args[0]))]
+        return Layout("column_wise", tuple(range(len(args[0]))),
+                      tuple((r, (0, o), (rows, w)) for r, (o, w) in enumerate(zip(offsets, args[0]))))
     if kind == "table_row_wise":
         host_ranks = [args[0] * local_size + i for i in range(local_size)]
         blocks = row_blocks(rows, local_size)
