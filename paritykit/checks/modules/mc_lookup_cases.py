@@ -109,6 +109,10 @@ PINNED = {
                  # off by one would keep 1 (5/4 against 2/2).
                  MCSpec("remapper", 2, 3, ((1, 1, 1, 1, 1), (10, 11, 12, 13, 14), (2, 2, 20, 21, 22)), (2, 1, 3),
                         policy="distance_lfu"),
+                 # A new id's last access is stored when it takes a slot: 1 (forward 1) is older than 2 (forward 2)
+                 # when 3 comes, so 1 goes; ids that had kept a stale access would tie, and the tie keeps 1.
+                 MCSpec("remapper", 3, 1, ((1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3)), (2, 2, 2), policy="lru"),
+                 MCSpec("remapper", 3, 1, ((1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3)), (2, 2, 2), policy="distance_lfu"),
                  # input_hash_size 5: (7 id + 3) mod 5 sends 1, 6 and 11 to 0; they share one slot.
                  MCSpec("remapper", 3, 1, ((1, 6, 2, 11), (2, 4, 6, 9)), (2, 1), offset=2, hash_size=5),
                  # Threshold filters: the second forward's counts (2, 2) and the window's (2, 1, 3, 2) sit on
