@@ -8,17 +8,17 @@ wrong pooled rows.
 What to do instead: with variable batches, use the fused kernel (an optimizer in backward) on CPU.
 
 CONFIG below is the configuration: one embedding module (an EmbeddingBagCollection "ebc" or an
-EmbeddingCollection "ec"), its tables with their initial weights (torch.randn from a seeded
-generator), a sharding plan in the names of torchrec.distributed.sharding_plan, and each step's
-batch on each rank (ids per feature, row by row). The script spawns the ranks itself
-(torch.multiprocessing, gloo), shards the module with DistributedModelParallel and trains it, each
-rank on its own batch, with the tables' optimizer fused into the backward (CONFIG's "ranks_per_host":
-the ranks stand for hosts of that many ranks, as torchrun would set them). On every rank it also
-trains the same module unsharded on every rank's batch with torchrec's gradient semantics: the
-ranks' losses summed, each table's gradient divided by the world size (torchrec's default gradient
-division). Per step it compares what the module returned for each feature, then every table after
-the step (this rank's shards against the same rows and columns of the unsharded table), within
-|sharded - unsharded| <= 64 units of roundoff x (|unsharded| + max|unsharded|).
+EmbeddingCollection "ec"), its tables with their initial weights (seeded torch.randn), a sharding
+plan in the names of torchrec.distributed.sharding_plan ("column_wise_sized":
+column_wise(size_per_rank=...)), and each step's batch on each rank (ids per feature, row by row).
+The script spawns the ranks itself (torch.multiprocessing, gloo), shards the module with
+DistributedModelParallel and trains it, each rank on its own batch, with the tables' optimizer fused
+into the backward (CONFIG's "ranks_per_host": the ranks stand for hosts of that many, as torchrun
+sets them). On every rank it also trains the same module unsharded on every rank's batch with
+torchrec's gradient semantics: the ranks' losses summed, each table's gradient divided by the world
+size (torchrec's default). Per step it compares what the module returned for each feature, then
+every table after the step (this rank's shards against the same rows and columns of the unsharded
+table), within |sharded - unsharded| <= 64 units of roundoff x (|unsharded| + max|unsharded|).
 
     python this_script.py   exit 0: the sharded module matches the unsharded one
                             exit 1: it does not, or torchrec raised (the message says where)
@@ -300,8 +300,7 @@ def train_unsharded(world_size: int) -> list:
     plan = module_plan(with_fused_optimizer(build_module()), world_size)
     division = 1.0 / world_size if comm_ops.get_gradient_division() else 1.0
     replicated = {n for n, _ in module.named_parameters() if plan[table_of(n)].sharding_type == "data_parallel"}
-    # Tables on a fused kernel train with the embedding optimizer, the others (dense kernel, data
-    # parallel) with the dense one: what the sharded plan chose decides, as it does for torchrec.
+    # Fused-kernel tables train with the embedding optimizer, the others (dense, data parallel) with the dense one.
     fused = {n: p for n, p in module.named_parameters() if n not in replicated and plan[table_of(n)].compute_kernel != "dense"}
     others = [p for n, p in module.named_parameters() if n not in fused]
     embedding = ReferenceOptimizer(fused, plan)
