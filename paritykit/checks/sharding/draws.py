@@ -94,7 +94,12 @@ def _draw_tables(draw: Any, module: str, hosts: HostLayout, device_kinds: tuple[
     for index in range(count):
         kind = draw(st.sampled_from(by_host if index == 0 and by_host else device_kinds))
         widths = _column_widths(draw, hosts) if kind == "column_wise_sized" else ()
-        shards, dim = (ec_shards, ec_shards * ec_width) if module == "ec" else (len(widths), sum(widths)) if widths else _shape(draw, kind, hosts)
+        if module == "ec":
+            shards, dim = ec_shards, ec_shards * ec_width
+        elif widths:
+            shards, dim = len(widths), sum(widths)
+        else:
+            shards, dim = _shape(draw, kind, hosts)
         names = [features[index]] + ([features[draw(st.integers(0, index - 1))]] if index and draw(st.booleans()) else [])
         tables.append(TableSpec(
             name=f"t{index}", num_embeddings=draw(st.integers(4, 12)), embedding_dim=dim,

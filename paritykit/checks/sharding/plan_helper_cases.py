@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from paritykit.checks.sharding.shard_layout import expected_layout, layout_differences, layout_of
 from paritykit.errors import ParityError
-from paritykit.harness.plans import describe_plan
+from paritykit.harness.plans import column_widths_supported, describe_plan
 
 # Helpers that take a compute kernel (table_row_wise and grid_shard pick their own; data_parallel is dense).
 _KERNEL_ARGUMENT = ("table_wise", "row_wise", "column_wise", "column_wise_sized")
@@ -242,8 +242,6 @@ def _entry(draw, kind: str, world_size: int, local_size: int) -> tuple[tuple, in
 
 @st.composite
 def plan_helper_cases(draw) -> PlanHelperCase:
-    from paritykit.harness.plans import column_widths_supported
-
     kinds = ("table_wise", "row_wise", "column_wise", "table_column_wise", "table_row_wise", "grid_shard", "data_parallel")
     kinds += ("column_wise_sized",) if column_widths_supported() else ()
     local_size = draw(st.sampled_from((1, 2, 3, 4)))
@@ -263,8 +261,6 @@ def pinned_plan_helper_cases() -> tuple[PlanHelperCase, ...]:
     """The tutorial's placements on 2 hosts of 2: CW on [0, 1, 0] and a 3-cycle, rows fewer than
     ranks (row-wise leaves a rank none), TWRW on the second host, GRID blocks in reverse host order;
     column shards of unequal widths."""
-    from paritykit.harness.plans import column_widths_supported
-
     tables = (("t0", 10, 12), ("t1", 3, 8), ("t2", 9, 16), ("t3", 7, 2 * GRID_BLOCK), ("t4", 5, 8), ("t5", 6, 24))
     plan = {"t0": ("column_wise", (0, 1, 0)), "t1": ("row_wise",), "t2": ("table_row_wise", 1), "t3": ("grid_shard", (1, 0)),
             "t4": ("table_wise", 3), "t5": ("column_wise", (3, 0, 0))}

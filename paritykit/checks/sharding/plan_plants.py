@@ -6,6 +6,7 @@ each a realistic torchrec defect that the sharded-against-unsharded comparison a
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import ContextManager, Iterator
 
 from paritykit.harness.patching import replaced
@@ -40,6 +41,7 @@ def column_wise_plan_ranks_sorted() -> ContextManager[None]:
     import torchrec.distributed.sharding_plan as sp
 
     def planted(original):
+        @functools.wraps(original)  # torchrec's signature kept: paritykit reads it for size_per_rank
         def column_wise(ranks=None, *args, **kwargs):
             return original(sorted(ranks) if ranks is not None else None, *args, **kwargs)
 
