@@ -54,6 +54,44 @@ def test_formulas_by_hand():
     assert reference.auprc(SAMPLES) == pytest.approx(1 / 4 * 1 + 3 / 4 * 4 / 6)
 
 
+def test_the_newer_formulas_by_hand():
+    # Recalibrated for k = 0.5: 0.8 -> 0.8 / (0.8 + 0.2 / 0.5) = 2/3.
+    assert reference.recalibrated(SAMPLES, 0.5)[0][0] == pytest.approx(2 / 3)
+    # Ranked by prediction 0.4 (l 1), 0.6 (l 0), 0.8 (l 1): one pair against its labels (0.4 < 0.6, 1 > 0) of three.
+    assert reference.rauc(SAMPLES) == pytest.approx(1 - 1 / 3)
+    # One batch of three: pairs (0.8, 0.4) labels tied, predictions not: no; (0.8, 0.6) alike: 1*2; (0.4, 0.6) not:
+    # 2 / (1*3 + 1*2 + 3*2). Two batches of the first two samples and the third: the pair (0.8, 0.4) alone, 0.
+    assert reference.xauc(SAMPLES, 3) == pytest.approx(2 / 11)
+    assert reference.xauc(SAMPLES, 2) == 0.0
+    assert reference.num_missing_labels(SAMPLES + [(0.5, float("nan"), 2.5)]) == 2.5
+    # One session: by prediction the labels are 1, 0, 1 (DCG 1 + 1/2), ideal 1, 1, 0 (DCG 1 + 1/log2 3); the largest
+    # weight 3. Sessions [0.8] (its own ideal: 1 - 1, times 1) and [0.4 (l 1), 0.6 (l 0)] (by prediction 0, 1: DCG
+    # 1/log2 3, ideal 1; times 3), over two sessions.
+    defaults = {}
+    assert reference.ndcg(SAMPLES, 3, (7, 7, 7), False, defaults) == pytest.approx((1 - 1.5 / (1 + 1 / math.log2(3))) * 3)
+    assert reference.ndcg(SAMPLES, 3, (1, 2, 2), False, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3 / 2)
+    # The session of one dropped on request; a negative task ranks 1 - p against 1 - l: 0.6 (l 0), 0.4 (l 1), 0.2 (l 0).
+    assert reference.ndcg(SAMPLES, 3, (1, 2, 2), False, {"remove_single_length_sessions": True}) == pytest.approx(
+        (1 - 1 / math.log2(3)) * 3)
+    assert reference.ndcg(SAMPLES, 3, (7, 7, 7), True, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3)
+    # Tied predictions of unequal labels: the order is the sort's, so undefined.
+    assert reference.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
+
+
+def test_an_update_that_writes_to_its_inputs_fails_the_case(monkeypatch):
+    from torchrec.metrics.ctr import CTRMetricComputation
+
+    original = CTRMetricComputation.update
+
+    def writes(self, *, predictions, labels, weights, **kwargs):
+        labels.mul_(0.5)
+        original(self, predictions=predictions, labels=labels, weights=weights, **kwargs)
+
+    monkeypatch.setattr(CTRMetricComputation, "update", writes)
+    with pytest.raises(ParityError, match="update\\(\\) changed the labels of task_a"):
+        run_metric_case(pinned("ctr")[1])
+
+
 def test_a_resumed_metric_covers_the_whole_stream_and_a_fresh_one_would_not():
     spec = pinned("calibration")[2]
     assert spec.resume_at == 2 and run_metric_case(spec)["compared"] > 0
@@ -94,7 +132,7 @@ def _torchrec_report(spec: MetricSpec) -> dict:
 
 
 PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc",
-                 "metric-states-not-checkpointed": "calibration"}
+                 "metric-states-not-checkpointed": "calibration", "recalibration-coefficient-inverted": "recalibrated_ne"}
 # The pinned case that shows each plant: the unfused one through RecMetricModule, window 6 of batches of 3;
 # for the checkpoint plant, the one resumed before its last batch.
 PLANT_CASE = {"metric-states-not-checkpointed": 2}

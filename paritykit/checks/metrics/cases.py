@@ -11,12 +11,14 @@ window or task does.
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import METRICS, SESSIONED, WINDOW_ONLY, MetricSpec, window_compared
+from paritykit.checks.metrics.specs import (METRICS, PER_BATCH, RECALIBRATED, SESSION_IDS, SESSIONED, WINDOW_ONLY, MetricSpec,
+                                            compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -27,7 +29,8 @@ def _tasks(spec: MetricSpec) -> list[Any]:
     from torchrec.metrics.metrics_config import RecTaskInfo
 
     return [RecTaskInfo(name=TASK_NAMES[t], label_name=f"label_{t}", prediction_name=f"prediction_{t}",
-                        weight_name=f"weight_{t}") for t in range(spec.tasks)]
+                        weight_name=f"weight_{t}", **({"is_negative_task": True} if t in spec.negative_tasks else {}))
+            for t in range(spec.tasks)]
 
 
 def _mode(spec: MetricSpec) -> Any:
@@ -41,7 +44,7 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
-               compute_mode=_mode(spec), window_size=spec.window_size, **extra)
+               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **dict(spec.arguments))
 
 
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
@@ -51,7 +54,7 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
     config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
-        rec_tasks=tasks, window_size=spec.window_size, arguments=dict(extra) or None)},
+        rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **dict(spec.arguments)} or None)},
         throughput_metric=None, rec_compute_mode=_mode(spec), state_metrics=[])
     return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
                                   my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"))
@@ -72,15 +75,27 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
             metric = build(spec, rank)
             metric.load_state_dict(saved)
         preds, labels, weights = _tensors(spec, batch)
+        fed = {"predictions": preds, "labels": labels, "weights": weights}
+        before = {(what, task): tensor.clone() for what, tensors in fed.items() for task, tensor in tensors.items()}
         if spec.via == "module":
             model_out = {}
             for t in range(spec.tasks):
                 task = TASK_NAMES[t]
                 model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
-            metric.update(model_out)
+            metric.update({**model_out, **_required_inputs(spec)})
         else:
             metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec))
+        _expect_untouched(spec, fed, before, index)
     return metric.compute()
+
+
+def _expect_untouched(spec: MetricSpec, fed: dict, before: dict, batch: int) -> None:
+    """update() reads the model's outputs; writing to them changes what the loss, other metrics and the
+    rest of the step see."""
+    for (what, task), was in before.items():
+        if not torch.equal(fed[what][task].view(torch.int32), was.view(torch.int32)):  # bit for bit: NaN labels too
+            raise ParityError(f"{spec.metric} ({spec.via}): update() changed the {what} of {task} it was fed in batch {batch}: "
+                              f"{was.tolist()} became {fed[what][task].tolist()}")
 
 
 def report_on_rank(spec: MetricSpec) -> dict[str, float]:
@@ -91,8 +106,19 @@ def report_on_rank(spec: MetricSpec) -> dict[str, float]:
 
 
 def _session_inputs(spec: MetricSpec) -> dict[str, Any]:
-    """GAUC's ``num_candidates``: the sizes of a batch's consecutive sessions."""
-    return {"num_candidates": torch.tensor(spec.sessions)} if spec.sessions else {}
+    """GAUC's ``num_candidates`` (the sizes of a batch's consecutive sessions), NDCG's ``required_inputs``."""
+    if spec.sessions:
+        return {"num_candidates": torch.tensor(spec.sessions)}
+    return {"required_inputs": _required_inputs(spec)} if spec.session_ids else {}
+
+
+def _required_inputs(spec: MetricSpec) -> dict[str, torch.Tensor]:
+    """NDCG's ``session_id`` of every sample: one row a task when the tasks are computed fused (NDCG asserts
+    the shape of the stacked predictions), one row when unfused (torchrec views it as each task's row)."""
+    if not spec.session_ids:
+        return {}
+    ids = torch.tensor(spec.session_ids)
+    return {"session_id": ids.expand(spec.tasks, -1).contiguous() if spec.compute_mode == "fused" else ids}
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
@@ -152,8 +178,25 @@ def run_metric_case(spec: MetricSpec, pool: Any = None, every_value: bool = Fals
     return {"compared": compared}
 
 
+def _rounded_predictions_slack(formula: Any, samples: list, want: float) -> float:
+    """How far the formula moves when each prediction is off by 8 float32 roundings of itself: torchrec
+    recalibrates in float32 (four operations), and near 1 a prediction's rounding is a large part of
+    1 - p, whose log NE takes."""
+    slack = 8 * unit_roundoff(torch.float32)
+    return math.fsum(abs(formula(samples[:i] + [(p * (1 - slack), l, w)] + samples[i + 1:]) - want)
+                     for i, (p, l, w) in enumerate(samples))
+
+
+def _structure(spec: MetricSpec, task: int) -> tuple:
+    """What a formula needs beyond the samples: GAUC's sessions, XAUC's batch size, NDCG's sessions and arguments."""
+    if spec.metric in SESSION_IDS:
+        return (spec.batch_size, spec.session_ids, task in spec.negative_tasks, dict(spec.arguments))
+    return (spec.sessions,) if spec.metric in SESSIONED else (spec.batch_size,) if spec.metric in PER_BATCH else ()
+
+
 def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False) -> int:
-    _, names, _, window_kind = METRICS[spec.metric]
+    _, every_name, _, window_kind = METRICS[spec.metric]
+    names = every_name if every_value else compared_names(spec.metric)
     holds = reference.window_of_samples if window_kind == "samples" else reference.window_of_batches
     local_window = -(-spec.window_size // spec.world_size)
     compared = 0
@@ -167,12 +210,19 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         if spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]
         for prefix, samples in spans.items():
+            if spec.metric in RECALIBRATED:
+                samples = reference.recalibrated(samples, dict(spec.arguments)["recalibration_coefficient"])
             for name in names:
                 if not _defined(name, samples):
                     continue
-                want = getattr(reference, name)(*((samples, spec.sessions) if spec.metric in SESSIONED else (samples,)))
+                formula = getattr(reference, name)
+                want = formula(samples, *_structure(spec, t))
+                if want is None:  # undefined on these samples (reference.py says where)
+                    continue
                 got = _reported(report, spec.metric, task, prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
+                if spec.metric in RECALIBRATED:
+                    bound += _rounded_predictions_slack(formula, samples, want)
                 if not abs(got - want) <= bound:
                     raise ParityError(
                         f"{spec.metric} ({who}): task {task} {prefix} {name} = {got:.9g}, the formula over the {len(samples)} "

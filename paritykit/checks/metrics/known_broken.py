@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
-from paritykit.checks.metrics.specs import CALI_FREE_NE_UNNORMALIZED, RECALL_AT_THRESHOLD, WEIGHTED_AVG_WINDOW, MetricSpec
+from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
+                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, WEIGHTED_AVG_WINDOW, MetricSpec)
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
 RECALL_SPEC = MetricSpec("recall", 1, "unfused", 2, 2, (((( 0.5, 1.0, 1.0), (0.9, 1.0, 1.0)),),))
@@ -23,11 +24,29 @@ CALI_FREE_NE_SPEC = MetricSpec("cali_free_ne", 1, "unfused", 4, 4, ((((0.2, 0.0,
 WEIGHTED_AVG_SPEC = MetricSpec("weighted_avg", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4, 1.0, 1.0)),),
                                                                      (((0.6, 0.0, 1.0), (0.8, 1.0, 1.0)),)))
 
+# One batch of a negative and a positive, include_logloss=True: the report has NE but no logloss.
+RECALIBRATED_NE_SPEC = MetricSpec("recalibrated_ne", 1, "unfused", 2, 2, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),),
+                                  arguments=(("recalibration_coefficient", 0.5),))
+
+# One session of a positive and a negative, the task negative, computed unfused: the predictions fed become 1 - p.
+NDCG_NEGATIVE_SPEC = MetricSpec("ndcg", 1, "unfused", 2, 2, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),), session_ids=(0, 0),
+                                negative_tasks=(0,))
+
+# One task computed fused through RecMetricModule, one session of three: update() raises (AssertionError).
+NDCG_FUSED_MODULE_SPEC = MetricSpec("ndcg", 1, "fused", 3, 3, ((((0.3, 1.0, 1.0), (0.8, 0.5, 2.0), (0.5, 0.0, 1.0)),),),
+                                    via="module", session_ids=(0, 0, 0))
+
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     WEIGHTED_AVG_WINDOW: ("WeightedAvgMetric over two batches of two samples, a window of two, against the average of the "
                           "last batch", lambda: run_metric_case(WEIGHTED_AVG_SPEC, every_value=True)),
     CALI_FREE_NE_UNNORMALIZED: ("CaliFreeNEMetric over four samples of weight 1 against the cross entropy over that of the "
                                 "mean prediction", lambda: run_metric_case(CALI_FREE_NE_SPEC, every_value=True)),
+    RECALIBRATED_NE_LOGLOSS: ("RecalibratedNEMetric with include_logloss=True over a negative and a positive, against the "
+                              "logloss of the recalibrated predictions", lambda: run_metric_case(RECALIBRATED_NE_SPEC, every_value=True)),
+    NDCG_NEGATIVE_TASK_IN_PLACE: ("NDCGMetric over one session, its one task negative, computed unfused, against the "
+                                  "predictions and labels it was fed, after update()", lambda: run_metric_case(NDCG_NEGATIVE_SPEC)),
+    NDCG_FUSED_MODULE_ONE_TASK: ("NDCG of one task computed fused through RecMetricModule over one session of three, "
+                                 "against the formula", lambda: run_metric_case(NDCG_FUSED_MODULE_SPEC)),
     RECALL_AT_THRESHOLD: ("RecallMetric over two positives, one predicted at the 0.5 threshold, against TP / (TP + FN)",
                           lambda: run_metric_case(RECALL_SPEC, every_value=True)),
 }

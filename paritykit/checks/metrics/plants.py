@@ -72,3 +72,15 @@ def metric_states_not_checkpointed() -> ContextManager[None]:
         return add_state
 
     return replaced(RecMetricComputation, "_add_state", planted)
+
+
+@register("recalibration-coefficient-inverted", check=CHECK)
+def recalibration_coefficient_inverted() -> ContextManager[None]:
+    """NE's recalibration for a negative downsampling multiplies the negatives' odds by the coefficient
+    instead of dividing: p / (p + (1 - p) * k)."""
+    from torchrec.metrics.ne_with_recalibration import RecalibratedNEMetricComputation
+
+    def recalibrate(self, predictions, calibration_coef):
+        return predictions if calibration_coef is None else predictions / (predictions + (1.0 - predictions) * calibration_coef)
+
+    return replaced(RecalibratedNEMetricComputation, "_recalibrate", lambda _original: recalibrate)

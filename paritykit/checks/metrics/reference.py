@@ -30,7 +30,22 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     calibration-free NE = the cross entropy over the cross entropy of the weighted mean prediction
                   q = sum w*p / sum w: sum w*CE(p, l) / (-pos log2 q - neg log2(1-q)), i.e. NE over the NE
                   of a model that predicts q everywhere (no change when every weight is scaled)
-where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5).
+    recalibrated NE and calibration = NE and calibration of the predictions recalibrated for a negative
+                  downsampling by k (the recalibration coefficient): p' = p / (p + (1-p)/k)
+    RAUC        = 1 - (the pairs ranked against their labels: p_i < p_j and l_i > l_j) / (n(n-1)/2), over
+                  the n samples held, weights not used (a pair tied in prediction or label is not against)
+    XAUC        = over the pairs i < j of one batch, sum w_i w_j [p and l ordered alike, or both tied] over
+                  sum w_i w_j (0 without a pair's weight)
+    num_missing_labels = the weight of the samples whose label is NaN
+    NDCG        = over the sessions of every batch (the samples sharing a session id), the mean of
+                  1 - DCG(the labels in prediction order) / DCG(the labels in label order) (NDCG itself when not
+                  reported as a decreasing curve), each times the session's largest weight; DCG = sum over
+                  ranks r (up to k) of gain / log2(r + 1), gain = l or 2^l - 1; an ideal DCG of 0 counts as
+                  1e-6 (torchrec's guard); a negative task ranks 1 - p against 1 - l; scaled by the weights,
+                  p and l are multiplied by w and the session is not weighted; sessions of one sample dropped
+                  on request. Undefined where predictions tied (or nearly) with unequal labels make the order the sort's.
+where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). RAUC and XAUC take labels in [0, 1] (a
+regression target), num_missing_labels NaN among them.
 
 Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
 rank ceil(window_size / world_size) = W): for the state metrics the most recent whole batches whose
@@ -234,3 +249,78 @@ def window_of_samples(batches: list[list[Sample]], local_window: int) -> list[Sa
     """The most recent ``local_window`` samples."""
     every = [s for b in batches for s in b]
     return every[-local_window:] if local_window > 0 else []
+
+
+def recalibrated(samples: list[Sample], coefficient: float) -> list[Sample]:
+    """The samples with their predictions recalibrated for a negative downsampling by ``coefficient``."""
+    return [(p / (p + (1.0 - p) / coefficient), l, w) for p, l, w in samples]
+
+
+def rauc(samples: list[Sample]) -> float:
+    against = sum(1 for pi, li, _ in samples for pj, lj, _ in samples if pi < pj and li > lj)
+    n = len(samples)
+    return 1.0 - against / (n * (n - 1) / 2)
+
+
+def xauc(samples: list[Sample], batch_size: int) -> float:
+    alike, pairs = [], []
+    for start in range(0, len(samples), batch_size):
+        batch = samples[start:start + batch_size]
+        for i, (pi, li, wi) in enumerate(batch):
+            for pj, lj, wj in batch[i + 1:]:
+                pairs.append(wi * wj)
+                if (pi > pj and li > lj) or (pi < pj and li < lj) or (pi == pj and li == lj):
+                    alike.append(wi * wj)
+    return _ratio(math.fsum(alike), math.fsum(pairs))
+
+
+def num_missing_labels(samples: list[Sample]) -> float:
+    return math.fsum(w for _, l, w in samples if math.isnan(l))
+
+
+def ndcg(samples: list[Sample], batch_size: int, session_ids: tuple[int, ...], negative: bool, arguments: dict) -> float | None:
+    """NDCG over whole batches of ``batch_size`` samples, each split by ``session_ids`` (one id a sample, the same
+    for every batch); ``arguments`` are NDCGMetric's (exponential_gain, k, report_ndcg_as_decreasing_curve,
+    remove_single_length_sessions, scale_by_weights_tensor). None where undefined."""
+    total, sessions = [], 0
+    for start in range(0, len(samples), batch_size):
+        for session in _ndcg_sessions(samples[start:start + batch_size], session_ids, negative, arguments):
+            value = _session_ndcg(session, arguments)
+            if value is None:
+                return None
+            total.append(value)
+            sessions += 1
+    return math.fsum(total) / sessions if sessions else None
+
+
+def _ndcg_sessions(batch: list[Sample], session_ids: tuple[int, ...], negative: bool, arguments: dict) -> list[list[Sample]]:
+    if negative:
+        batch = [(1.0 - p, 1.0 - l, w) for p, l, w in batch]
+    grouped: dict[int, list[Sample]] = {}
+    for sample, session in zip(batch, session_ids):
+        grouped.setdefault(session, []).append(sample)
+    if arguments.get("remove_single_length_sessions"):
+        grouped = {k: v for k, v in grouped.items() if len(v) > 1}
+    return list(grouped.values())
+
+
+def _session_ndcg(session: list[Sample], arguments: dict) -> float | None:
+    scaled = arguments.get("scale_by_weights_tensor")
+    if scaled:
+        session = [(p * w, l * w, w) for p, l, w in session]
+    k = arguments.get("k", -1)
+    exponential = arguments.get("exponential_gain")
+
+    def dcg(ranked: list[Sample]) -> float:
+        kept = ranked if k == -1 else ranked[:k]
+        return math.fsum(((2.0 ** l - 1.0) if exponential else l) / math.log2(r + 2) for r, (_, l, _) in enumerate(kept))
+
+    # Predictions tied (or within float32's reach of a tie, once scaled) with unequal labels: their order is the
+    # sort's, not a meaning.
+    for i, (pi, li, _) in enumerate(session):
+        if any(li != lj and abs(pi - pj) <= 1e-6 * max(abs(pi), abs(pj)) for pj, lj, _ in session[i + 1:]):
+            return None
+    ideal = dcg(sorted(session, key=lambda s: -s[1])) or 1e-6
+    value = dcg(sorted(session, key=lambda s: -s[0])) / ideal
+    value = 1.0 - value if arguments.get("report_ndcg_as_decreasing_curve", True) else value
+    return value if scaled else value * max(0.0, *(w for _, _, w in session))

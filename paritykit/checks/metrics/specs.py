@@ -9,6 +9,7 @@ meaning).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -23,6 +24,15 @@ CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
 # And one of torchrec 1.8 (fixed in 1.9.2): WeightedAvgMetric's window counts updates, not samples, so
 # it drops no batch until it has seen window_size updates.
 WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
+# And one more: RecalibratedNEMetric takes include_logloss, then NE's constructor sets it back to False, so
+# it never reports logloss.
+RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
+# And: NDCGMetric flips a negative task's predictions and labels in place, which in unfused computation are
+# views of the caller's tensors (the model's outputs).
+NDCG_NEGATIVE_TASK_IN_PLACE = "ndcg-negative-task-flips-inputs"
+# And: NDCG computed fused through RecMetricModule with one task takes no session_id (the module squeezes it to
+# one dimension, NDCG asserts the stacked predictions' two).
+NDCG_FUSED_MODULE_ONE_TASK = "ndcg-fused-module-one-task"
 THRESHOLD = 0.5
 
 # metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
@@ -50,28 +60,62 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "serving_calibration": ("torchrec.metrics.serving_calibration.ServingCalibrationMetric", ("calibration",), {}, "batches"),
     "auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc",), {}, "samples"),
     "gauc": ("torchrec.metrics.gauc.GAUCMetric", ("gauc", "gauc_num_samples"), {}, "batches"),
+    "recalibrated_ne": ("torchrec.metrics.ne_with_recalibration.RecalibratedNEMetric", ("ne", "logloss"),
+                        {"include_logloss": True}, "batches"),
+    "recalibrated_calibration": ("torchrec.metrics.calibration_with_recalibration.RecalibratedCalibrationMetric",
+                                 ("calibration",), {}, "batches"),
+    "rauc": ("torchrec.metrics.rauc.RAUCMetric", ("rauc",), {}, "samples"),
+    "xauc": ("torchrec.metrics.xauc.XAUCMetric", ("xauc",), {}, "batches"),
+    "num_missing_labels": ("torchrec.metrics.num_missing_labels.NumMissingLabelsMetric", ("num_missing_labels",), {},
+                           "batches"),
+    "ndcg": ("torchrec.metrics.ndcg.NDCGMetric", ("ndcg",), {}, "batches"),
 }
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
-RANKING = ("auc", "auprc", "gauc")
+RANKING = ("auc", "auprc", "gauc", "ndcg")
 # The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
 # of samples would be a large checkpoint), so that a resumed one has lost them: not drawn resumed.
-NOT_CHECKPOINTED = ("auc", "auprc")
+NOT_CHECKPOINTED = ("auc", "auprc", "rauc")
 # The metrics over sessions (``num_candidates``: consecutive samples of a batch), which RecMetricModule
 # cannot build (no RecMetricEnum member): run through their class alone.
 SESSIONED = ("gauc",)
 # The metrics that report their window only (AUPRC's lifetime value is a weighted average of the windows
 # seen at each compute() call, a history no formula over the samples gives).
-WINDOW_ONLY = ("auc", "auprc")
+WINDOW_ONLY = ("auc", "auprc", "rauc")
+# The metrics over the pairs of a batch: the reference is told the batch size.
+PER_BATCH = ("xauc",)
+# The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
+# included), and NaN (a missing label) for the metric that counts those.
+REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "num_missing_labels": (0.0, 1.0, float("nan")),
+          "ndcg": (0.0, 0.5, 1.0)}
+# The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
+SESSION_IDS = ("ndcg",)
+# The metrics that recalibrate predictions for a negative downsampling: the coefficient is drawn.
+RECALIBRATED = ("recalibrated_ne", "recalibrated_calibration")
+RECALIBRATION_COEFFICIENTS = (0.1, 0.5, 2.0, 10.0)
+# NDCGMetric's own arguments, drawn.
+NDCG_ARGUMENTS = {"exponential_gain": (False, True), "k": (-1, 1, 2, 3), "report_ndcg_as_decreasing_curve": (True, False),
+                  "remove_single_length_sessions": (False, True), "scale_by_weights_tensor": (False, True)}
+# RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
+MIN_BATCH = {"rauc": 2}
 COMPUTE_MODES = ("unfused", "fused")
 # A metric whose every case a standing known issue breaks is not drawn, one whose window values it breaks
 # has its lifetime values compared alone (known_broken.py reproduces each).
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
 KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW}
+# A reported name a standing known issue drops: not compared while it stands (the known-broken case is).
+KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS}
 
 
 def drawn_metrics() -> tuple[str, ...]:
     """The metrics the gate draws and pins on this stack."""
     return tuple(m for m in METRICS if m not in KEPT_OUT_WHOLE or rule_kept_out(KEPT_OUT_WHOLE[m]) is None)
+
+
+def compared_names(metric: str) -> tuple[str, ...]:
+    """The names of the metric's values compared on this stack."""
+    return tuple(n for n in METRICS[metric][1]
+                 if (metric, n) not in KEPT_OUT_NAMES or rule_kept_out(KEPT_OUT_NAMES[(metric, n)]) is None)
 
 
 def window_compared(metric: str) -> bool:
@@ -97,6 +141,11 @@ class MetricSpec:
     sessions: tuple[int, ...] = ()
     # Before this batch the metric is checkpointed: its state_dict() loaded into a fresh one (cases.py).
     resume_at: int | None = None
+    # The constructor's drawn arguments beyond METRICS' (the recalibration coefficient, NDCG's).
+    arguments: tuple[tuple[str, Any], ...] = ()
+    # NDCG's session of each sample of a batch (the same for every batch), and the tasks marked negative.
+    session_ids: tuple[int, ...] = ()
+    negative_tasks: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -111,6 +160,9 @@ class MetricSpec:
         ranks = "" if self.world_size == 1 else f" world_size={self.world_size}"
         ranks += f" sessions={list(self.sessions)}" if self.sessions else ""
         ranks += f" resumed before batch {self.resume_at}" if self.resume_at is not None else ""
+        ranks += "".join(f" {k}={v}" for k, v in self.arguments)
+        ranks += f" session_ids={list(self.session_ids)}" if self.session_ids else ""
+        ranks += f" negative_tasks={list(self.negative_tasks)}" if self.negative_tasks else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
@@ -118,7 +170,7 @@ class MetricSpec:
 @st.composite
 def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpec:
     tasks = draw(st.integers(1, 2))
-    batch_size = draw(st.integers(1, 5))
+    batch_size = draw(st.integers(MIN_BATCH.get(metric, 1), 5))
     count = draw(st.integers(1, 5))
     # torchrec needs a window of a batch at least on every rank (its local window is window / world size)
     window = draw(st.integers(batch_size * world_size, batch_size * world_size * 6))
@@ -143,15 +195,38 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
                     values = [p / 1000 for p in distinct[t][start:start + batch_size]]
                 else:
                     values = draw(st.lists(prediction, min_size=batch_size, max_size=batch_size))
-                labels = draw(st.lists(st.sampled_from((0.0, 1.0)), min_size=batch_size, max_size=batch_size))
+                labels = draw(st.lists(st.sampled_from(LABELS.get(metric, (0.0, 1.0))), min_size=batch_size, max_size=batch_size))
                 weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
                 per_task.append(tuple(zip(values, labels, weights)))
             batches.append(tuple(per_task))
         streams.append(tuple(batches))
-    return MetricSpec(metric, tasks, draw(st.sampled_from(COMPUTE_MODES)), batch_size, window, streams[0],
-                      via="class" if metric in SESSIONED else draw(st.sampled_from(("class", "module"))),
+    mode = draw(st.sampled_from(COMPUTE_MODES))
+    return MetricSpec(metric, tasks, mode, batch_size, window, streams[0],
+                      via=draw(_via(metric, tasks, mode)),
                       rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
-                      resume_at=None if metric in NOT_CHECKPOINTED or count == 1 else draw(st.none() | st.integers(1, count - 1)))
+                      resume_at=None if metric in NOT_CHECKPOINTED or count == 1 else draw(st.none() | st.integers(1, count - 1)),
+                      **_drawn_inputs(draw, metric, tasks, batch_size, mode))
+
+
+def _via(metric: str, tasks: int, mode: str) -> st.SearchStrategy:
+    """The metric class, or RecMetricModule where it can build the metric and a standing defect does not refuse it."""
+    refused = (metric in SESSION_IDS and mode == "fused" and tasks == 1
+               and rule_kept_out(NDCG_FUSED_MODULE_ONE_TASK) is not None)
+    return st.just("class") if metric in SESSIONED or refused else st.sampled_from(("class", "module"))
+
+
+def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mode: str) -> dict:
+    """The fields some metrics take: their constructor's arguments, NDCG's sessions and negative tasks."""
+    if metric in RECALIBRATED:
+        return {"arguments": (("recalibration_coefficient", draw(st.sampled_from(RECALIBRATION_COEFFICIENTS))),)}
+    if metric not in SESSION_IDS:
+        return {}
+    # Negative tasks computed unfused write to the caller's tensors while that defect stands (known_broken.py).
+    in_place = mode == "unfused" and rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None
+    negative = set() if in_place else draw(st.sets(st.integers(0, tasks - 1)))
+    return {"arguments": tuple((k, draw(st.sampled_from(v))) for k, v in NDCG_ARGUMENTS.items()),
+            "session_ids": tuple(draw(st.lists(st.integers(0, 3), min_size=batch_size, max_size=batch_size))),
+            "negative_tasks": tuple(sorted(negative))}
 
 
 def _sessions(batch_size: int) -> st.SearchStrategy:
@@ -178,8 +253,36 @@ def _off_threshold(stream: tuple) -> tuple:
     return tuple(tuple(tuple((0.55 if p == THRESHOLD else p, l, w) for p, l, w in task) for task in batch) for batch in stream)
 
 
+def _relabelled(stream: tuple, label) -> tuple:
+    return tuple(tuple(tuple((p, label(p, l), w) for p, l, w in task) for task in batch) for batch in stream)
+
+
 def _stream(metric: str) -> tuple:
-    return _off_threshold(_STREAM) if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None else _STREAM
+    if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
+        return _off_threshold(_STREAM)
+    if LABELS.get(metric) == REGRESSION_LABELS:  # labels on the grid, near the predictions, some tied
+        return _relabelled(_STREAM, lambda p, l: round((l + p) * 2) / 4)
+    if metric == "num_missing_labels":  # the samples predicted below 0.3 have no label
+        return _relabelled(_STREAM, lambda p, l: float("nan") if p < 0.3 else l)
+    if metric in SESSION_IDS:  # graded labels, against the predictions' order in part
+        return _relabelled(_STREAM, lambda p, l: round((l + 1 - p) * 2) / 4)
+    return _STREAM
+
+
+def _pinned_inputs(metric: str, index: int) -> dict:
+    """The pinned cases' arguments (the fused case, the unfused one, the resumed one): a coefficient below 1
+    and above; NDCG's defaults with a negative task and sessions of two and one, every argument turned
+    (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch."""
+    if metric in RECALIBRATED:
+        return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
+    if metric not in SESSION_IDS:
+        return {}
+    turned = (("exponential_gain", True), ("k", 2), ("report_ndcg_as_decreasing_curve", False),
+              ("remove_single_length_sessions", True), ("scale_by_weights_tensor", True))
+    unfused_negative = () if rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None else (0,)
+    return ({"session_ids": (5, 2, 5), "negative_tasks": (1,)},
+            {"session_ids": (3, 1, 3), "negative_tasks": unfused_negative, "arguments": turned},
+            {"session_ids": (0, 0, 0), "arguments": (("exponential_gain", True), ("k", 1))})[index]
 
 
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
@@ -189,8 +292,10 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
     if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
         return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)),
                 *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
-    return (MetricSpec(metric, 2, "fused", 3, 7, stream), MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module"),
-            *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r) for r in resumed))
+    return (MetricSpec(metric, 2, "fused", 3, 7, stream, **_pinned_inputs(metric, 0)),
+            MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module", **_pinned_inputs(metric, 1)),
+            *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r, **_pinned_inputs(metric, 2))
+              for r in resumed))
 
 
 def _mirrored(stream: tuple) -> tuple:
@@ -205,4 +310,5 @@ def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
     if world_size != 2:
         return ()
     stream = _stream(metric)
-    return (MetricSpec(metric, 2, "fused", 3, 13, stream, via="module", rank_batches=(_mirrored(stream),)),)
+    return (MetricSpec(metric, 2, "fused", 3, 13, stream, via="module", rank_batches=(_mirrored(stream),),
+                       **_pinned_inputs(metric, 0)),)
