@@ -74,8 +74,22 @@ def test_the_newer_formulas_by_hand():
     assert reference.ndcg(SAMPLES, 3, (1, 2, 2), False, {"remove_single_length_sessions": True}) == pytest.approx(
         (1 - 1 / math.log2(3)) * 3)
     assert reference.ndcg(SAMPLES, 3, (7, 7, 7), True, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3)
+    # The tensor 1 - p: (0.2 * 1 + 0.6 * 3 + 0.4 * 2) / 6 by the weights, (0.2 + 0.6 + 0.4) / 3 plain.
+    assert reference.tensor_weighted_avg(SAMPLES, True) == pytest.approx(2.8 / 6)
+    assert reference.tensor_weighted_avg(SAMPLES, False) == pytest.approx(1.2 / 3)
     # Tied predictions of unequal labels: the order is the sort's, so undefined.
     assert reference.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
+
+
+def test_segmented_ne_compares_each_group_over_its_own_samples():
+    # Pinned: keys (2, 0, 2) over three groups, group 1 holds no sample (nothing to compare there).
+    spec = pinned("segmented_ne")[0]
+    report = _torchrec_report(spec)
+    first = [s for batch in spec.batches for s in batch[0]]
+    group_2 = [s for i, s in enumerate(first) if i % 3 != 1]
+    assert report["segmented_ne-task_a|lifetime_segmented_ne_2"] == pytest.approx(reference.ne(group_2), rel=1e-5)
+    assert report["segmented_ne-task_a|lifetime_logloss_2"] == pytest.approx(reference.logloss(group_2), rel=1e-5)
+    assert run_metric_case(spec)["compared"] > 0
 
 
 def test_an_update_that_writes_to_its_inputs_fails_the_case(monkeypatch):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import (METRICS, PER_BATCH, RECALIBRATED, SESSION_IDS, SESSIONED, WINDOW_ONLY, MetricSpec,
-                                            compared_names, window_compared)
+from paritykit.checks.metrics.specs import (METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
+                                            TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -29,8 +29,14 @@ def _tasks(spec: MetricSpec) -> list[Any]:
     from torchrec.metrics.metrics_config import RecTaskInfo
 
     return [RecTaskInfo(name=TASK_NAMES[t], label_name=f"label_{t}", prediction_name=f"prediction_{t}",
-                        weight_name=f"weight_{t}", **({"is_negative_task": True} if t in spec.negative_tasks else {}))
-            for t in range(spec.tasks)]
+                        weight_name=f"weight_{t}", **_task_options(spec, t)) for t in range(spec.tasks)]
+
+
+def _task_options(spec: MetricSpec, task: int) -> dict[str, Any]:
+    """A task marked negative (NDCG), the tensor a task averages and whether by the weights (the tensor average)."""
+    if spec.metric in TENSOR_AVERAGED:
+        return {"tensor_name": f"target_{task}", "weighted": task not in spec.unweighted_tasks}
+    return {"is_negative_task": True} if task in spec.negative_tasks else {}
 
 
 def _mode(spec: MetricSpec) -> Any:
@@ -82,9 +88,9 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
             for t in range(spec.tasks):
                 task = TASK_NAMES[t]
                 model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
-            metric.update({**model_out, **_required_inputs(spec)})
+            metric.update({**model_out, **_required_inputs(spec, preds)})
         else:
-            metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec))
+            metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec, preds))
         _expect_untouched(spec, fed, before, index)
     return metric.compute()
 
@@ -105,20 +111,26 @@ def report_on_rank(spec: MetricSpec) -> dict[str, float]:
     return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec, dist.get_rank()).items() if v.numel() == 1}
 
 
-def _session_inputs(spec: MetricSpec) -> dict[str, Any]:
-    """GAUC's ``num_candidates`` (the sizes of a batch's consecutive sessions), NDCG's ``required_inputs``."""
+def _session_inputs(spec: MetricSpec, preds: dict) -> dict[str, Any]:
+    """GAUC's ``num_candidates`` (the sizes of a batch's consecutive sessions), the others' ``required_inputs``."""
     if spec.sessions:
         return {"num_candidates": torch.tensor(spec.sessions)}
-    return {"required_inputs": _required_inputs(spec)} if spec.session_ids else {}
+    required = _required_inputs(spec, preds)
+    return {"required_inputs": required} if required else {}
 
 
-def _required_inputs(spec: MetricSpec) -> dict[str, torch.Tensor]:
-    """NDCG's ``session_id`` of every sample: one row a task when the tasks are computed fused (NDCG asserts
-    the shape of the stacked predictions), one row when unfused (torchrec views it as each task's row)."""
-    if not spec.session_ids:
+def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
+    """NDCG's ``session_id`` of every sample (one row a task when the tasks are computed fused: NDCG asserts
+    the shape of the stacked predictions; one row when unfused: torchrec views it as each task's row);
+    segmented NE's ``grouping_keys`` (int64, or float32 to be cast); the tensor each task averages, 1 - p."""
+    if spec.metric in TENSOR_AVERAGED:
+        return {f"target_{t}": 1.0 - preds[TASK_NAMES[t]] for t in range(spec.tasks)}
+    if not spec.sample_keys:
         return {}
-    ids = torch.tensor(spec.session_ids)
-    return {"session_id": ids.expand(spec.tasks, -1).contiguous() if spec.compute_mode == "fused" else ids}
+    keys = torch.tensor(spec.sample_keys)
+    if spec.metric in SEGMENTED:
+        return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys}
+    return {"session_id": keys.expand(spec.tasks, -1).contiguous() if spec.compute_mode == "fused" else keys}
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
@@ -187,11 +199,35 @@ def _rounded_predictions_slack(formula: Any, samples: list, want: float) -> floa
                      for i, (p, l, w) in enumerate(samples))
 
 
-def _structure(spec: MetricSpec, task: int) -> tuple:
-    """What a formula needs beyond the samples: GAUC's sessions, XAUC's batch size, NDCG's sessions and arguments."""
+def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple[str, Callable[[list], float | None]]]:
+    """Each compared value's name and its formula over the samples it holds (None where undefined): GAUC's
+    sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting, and segmented
+    NE's groups (a value a group: ``segmented_ne_<g>``, ``logloss_<g>``) given to reference.py's."""
+    arguments = dict(spec.arguments)
+    if spec.metric in SEGMENTED:
+        keys = spec.sample_keys  # one key a sample of a batch, every batch alike
+
+        def of_group(name: str, group: int) -> Callable[[list], float | None]:
+            base = "ne" if name == "segmented_ne" else name
+            return lambda samples: _value(base, [s for i, s in enumerate(samples) if keys[i % len(keys)] == group])
+
+        return [(f"{name}_{g}", of_group(name, g)) for g in range(arguments["num_groups"]) for name in names
+                if name != "logloss" or arguments.get("include_logloss")]
     if spec.metric in SESSION_IDS:
-        return (spec.batch_size, spec.session_ids, task in spec.negative_tasks, dict(spec.arguments))
-    return (spec.sessions,) if spec.metric in SESSIONED else (spec.batch_size,) if spec.metric in PER_BATCH else ()
+        extra = (spec.batch_size, spec.sample_keys, task in spec.negative_tasks, arguments)
+    elif spec.metric in SESSIONED:
+        extra = (spec.sessions,)
+    elif spec.metric in PER_BATCH:
+        extra = (spec.batch_size,)
+    elif spec.metric in TENSOR_AVERAGED:
+        return [(name, lambda samples: reference.tensor_weighted_avg(samples, task not in spec.unweighted_tasks)) for name in names]
+    else:
+        extra = ()
+    return [(name, lambda samples, name=name: _value(name, samples, *extra)) for name in names]
+
+
+def _value(name: str, samples: list, *extra: Any) -> float | None:
+    return getattr(reference, name)(samples, *extra) if _defined(name, samples) else None
 
 
 def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False) -> int:
@@ -212,14 +248,11 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         for prefix, samples in spans.items():
             if spec.metric in RECALIBRATED:
                 samples = reference.recalibrated(samples, dict(spec.arguments)["recalibration_coefficient"])
-            for name in names:
-                if not _defined(name, samples):
+            for name, formula in _formulas(spec, t, names):
+                want = formula(samples)
+                if want is None:  # undefined on these samples (_defined and reference.py say where)
                     continue
-                formula = getattr(reference, name)
-                want = formula(samples, *_structure(spec, t))
-                if want is None:  # undefined on these samples (reference.py says where)
-                    continue
-                got = _reported(report, spec.metric, task, prefix, name)
+                got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task, prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if spec.metric in RECALIBRATED:
                     bound += _rounded_predictions_slack(formula, samples, want)

@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
-                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, WEIGHTED_AVG_WINDOW, MetricSpec)
+                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, TENSOR_WEIGHTED_AVG_WINDOW,
+                                            WEIGHTED_AVG_WINDOW, MetricSpec)
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
 RECALL_SPEC = MetricSpec("recall", 1, "unfused", 2, 2, (((( 0.5, 1.0, 1.0), (0.9, 1.0, 1.0)),),))
@@ -29,16 +30,22 @@ RECALIBRATED_NE_SPEC = MetricSpec("recalibrated_ne", 1, "unfused", 2, 2, ((((0.3
                                   arguments=(("recalibration_coefficient", 0.5),))
 
 # One session of a positive and a negative, the task negative, computed unfused: the predictions fed become 1 - p.
-NDCG_NEGATIVE_SPEC = MetricSpec("ndcg", 1, "unfused", 2, 2, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),), session_ids=(0, 0),
+NDCG_NEGATIVE_SPEC = MetricSpec("ndcg", 1, "unfused", 2, 2, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),), sample_keys=(0, 0),
                                 negative_tasks=(0,))
 
 # One task computed fused through RecMetricModule, one session of three: update() raises (AssertionError).
 NDCG_FUSED_MODULE_SPEC = MetricSpec("ndcg", 1, "fused", 3, 3, ((((0.3, 1.0, 1.0), (0.8, 0.5, 2.0), (0.5, 0.0, 1.0)),),),
-                                    via="module", session_ids=(0, 0, 0))
+                                    via="module", sample_keys=(0, 0, 0))
+
+# The same of TensorWeightedAvgMetric, whose tensor is 1 - p: the window holds the second batch, average 0.3.
+TENSOR_WEIGHTED_AVG_SPEC = MetricSpec("tensor_weighted_avg", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4, 1.0, 1.0)),),
+                                                                                   (((0.6, 0.0, 1.0), (0.8, 1.0, 1.0)),)))
 
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     WEIGHTED_AVG_WINDOW: ("WeightedAvgMetric over two batches of two samples, a window of two, against the average of the "
                           "last batch", lambda: run_metric_case(WEIGHTED_AVG_SPEC, every_value=True)),
+    TENSOR_WEIGHTED_AVG_WINDOW: ("TensorWeightedAvgMetric over two batches of two samples, a window of two, against the "
+                                 "average of the last batch's tensor", lambda: run_metric_case(TENSOR_WEIGHTED_AVG_SPEC, every_value=True)),
     CALI_FREE_NE_UNNORMALIZED: ("CaliFreeNEMetric over four samples of weight 1 against the cross entropy over that of the "
                                 "mean prediction", lambda: run_metric_case(CALI_FREE_NE_SPEC, every_value=True)),
     RECALIBRATED_NE_LOGLOSS: ("RecalibratedNEMetric with include_logloss=True over a negative and a positive, against the "

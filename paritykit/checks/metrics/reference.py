@@ -37,6 +37,9 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     XAUC        = over the pairs i < j of one batch, sum w_i w_j [p and l ordered alike, or both tied] over
                   sum w_i w_j (0 without a pair's weight)
     num_missing_labels = the weight of the samples whose label is NaN
+    segmented NE, logloss_<g> = NE and logloss over the samples whose group key is g
+    tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
+                  model's outputs other than the predictions (paritykit feeds x = 1 - p)
     NDCG        = over the sessions of every batch (the samples sharing a session id), the mean of
                   1 - DCG(the labels in prediction order) / DCG(the labels in label order) (NDCG itself when not
                   reported as a decreasing curve), each times the session's largest weight; DCG = sum over
@@ -324,3 +327,9 @@ def _session_ndcg(session: list[Sample], arguments: dict) -> float | None:
     value = dcg(sorted(session, key=lambda s: -s[0])) / ideal
     value = 1.0 - value if arguments.get("report_ndcg_as_decreasing_curve", True) else value
     return value if scaled else value * max(0.0, *(w for _, _, w in session))
+
+
+def tensor_weighted_avg(samples: list[Sample], weighted: bool) -> float | None:
+    """The average of x = 1 - p (the tensor paritykit feeds), by the weights or plain; None without weight."""
+    weight = sums(samples)[0] if weighted else float(len(samples))
+    return math.fsum((w if weighted else 1.0) * (1.0 - p) for p, _, w in samples) / weight if weight else None

@@ -22,8 +22,9 @@ RECALL_AT_THRESHOLD = "recall-threshold-counted-twice"
 # scales with the inverse of the weights: every case of it fails while that stands.
 CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
 # And one of torchrec 1.8 (fixed in 1.9.2): WeightedAvgMetric's window counts updates, not samples, so
-# it drops no batch until it has seen window_size updates.
+# it drops no batch until it has seen window_size updates; TensorWeightedAvgMetric's alike.
 WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
+TENSOR_WEIGHTED_AVG_WINDOW = "tensor-weighted-avg-window-counts-updates"
 # And one more: RecalibratedNEMetric takes include_logloss, then NE's constructor sets it back to False, so
 # it never reports logloss.
 RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
@@ -69,7 +70,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "num_missing_labels": ("torchrec.metrics.num_missing_labels.NumMissingLabelsMetric", ("num_missing_labels",), {},
                            "batches"),
     "ndcg": ("torchrec.metrics.ndcg.NDCGMetric", ("ndcg",), {}, "batches"),
+    "segmented_ne": ("torchrec.metrics.segmented_ne.SegmentedNEMetric", ("segmented_ne", "logloss"), {}, "batches"),
+    "tensor_weighted_avg": ("torchrec.metrics.tensor_weighted_avg.TensorWeightedAvgMetric", ("weighted_avg",), {}, "batches"),
 }
+# The namespace a metric reports under, where it is not the metric's name.
+NAMESPACES = {"tensor_weighted_avg": "weighted_avg"}
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
 RANKING = ("auc", "auprc", "gauc", "ndcg")
 # The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
@@ -90,19 +95,27 @@ LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "num_missing_lab
           "ndcg": (0.0, 0.5, 1.0)}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
+# The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
+SEGMENTED = ("segmented_ne",)
+# The metrics that average a tensor of the model's outputs other than the predictions (a task's
+# ``tensor_name``, weighted or not): paritykit feeds 1 - p there, so that averaging p would show.
+TENSOR_AVERAGED = ("tensor_weighted_avg",)
 # The metrics that recalibrate predictions for a negative downsampling: the coefficient is drawn.
 RECALIBRATED = ("recalibrated_ne", "recalibrated_calibration")
 RECALIBRATION_COEFFICIENTS = (0.1, 0.5, 2.0, 10.0)
 # NDCGMetric's own arguments, drawn.
 NDCG_ARGUMENTS = {"exponential_gain": (False, True), "k": (-1, 1, 2, 3), "report_ndcg_as_decreasing_curve": (True, False),
                   "remove_single_length_sessions": (False, True), "scale_by_weights_tensor": (False, True)}
+# SegmentedNEMetric's arguments, drawn (the keys fed as float32 where they are to be cast); logloss always,
+# which a group has wherever it has weight (its NE needs both labels; a pinned case goes without it).
+SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True)}
 # RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
 MIN_BATCH = {"rauc": 2}
 COMPUTE_MODES = ("unfused", "fused")
 # A metric whose every case a standing known issue breaks is not drawn, one whose window values it breaks
 # has its lifetime values compared alone (known_broken.py reproduces each).
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
-KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW}
+KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW, "tensor_weighted_avg": TENSOR_WEIGHTED_AVG_WINDOW}
 # A reported name a standing known issue drops: not compared while it stands (the known-broken case is).
 KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS}
 
@@ -143,9 +156,11 @@ class MetricSpec:
     resume_at: int | None = None
     # The constructor's drawn arguments beyond METRICS' (the recalibration coefficient, NDCG's).
     arguments: tuple[tuple[str, Any], ...] = ()
-    # NDCG's session of each sample of a batch (the same for every batch), and the tasks marked negative.
-    session_ids: tuple[int, ...] = ()
+    # A key of each sample of a batch, the same for every batch (NDCG's session ids, segmented NE's groups),
+    # and the tasks marked negative (NDCG), or whose tensor is averaged without the weights.
+    sample_keys: tuple[int, ...] = ()
     negative_tasks: tuple[int, ...] = ()
+    unweighted_tasks: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -161,8 +176,9 @@ class MetricSpec:
         ranks += f" sessions={list(self.sessions)}" if self.sessions else ""
         ranks += f" resumed before batch {self.resume_at}" if self.resume_at is not None else ""
         ranks += "".join(f" {k}={v}" for k, v in self.arguments)
-        ranks += f" session_ids={list(self.session_ids)}" if self.session_ids else ""
+        ranks += f" sample_keys={list(self.sample_keys)}" if self.sample_keys else ""
         ranks += f" negative_tasks={list(self.negative_tasks)}" if self.negative_tasks else ""
+        ranks += f" unweighted_tasks={list(self.unweighted_tasks)}" if self.unweighted_tasks else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
@@ -219,13 +235,20 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
     """The fields some metrics take: their constructor's arguments, NDCG's sessions and negative tasks."""
     if metric in RECALIBRATED:
         return {"arguments": (("recalibration_coefficient", draw(st.sampled_from(RECALIBRATION_COEFFICIENTS))),)}
+    if metric in TENSOR_AVERAGED:
+        return {"unweighted_tasks": tuple(sorted(draw(st.sets(st.integers(0, tasks - 1)))))}
+    if metric in SEGMENTED:
+        arguments = tuple((k, draw(st.sampled_from(v))) for k, v in SEGMENTED_ARGUMENTS.items())
+        groups = dict(arguments)["num_groups"]
+        return {"arguments": arguments,
+                "sample_keys": tuple(draw(st.lists(st.integers(0, groups - 1), min_size=batch_size, max_size=batch_size)))}
     if metric not in SESSION_IDS:
         return {}
     # Negative tasks computed unfused write to the caller's tensors while that defect stands (known_broken.py).
     in_place = mode == "unfused" and rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None
     negative = set() if in_place else draw(st.sets(st.integers(0, tasks - 1)))
     return {"arguments": tuple((k, draw(st.sampled_from(v))) for k, v in NDCG_ARGUMENTS.items()),
-            "session_ids": tuple(draw(st.lists(st.integers(0, 3), min_size=batch_size, max_size=batch_size))),
+            "sample_keys": tuple(draw(st.lists(st.integers(0, 3), min_size=batch_size, max_size=batch_size))),
             "negative_tasks": tuple(sorted(negative))}
 
 
@@ -272,17 +295,25 @@ def _stream(metric: str) -> tuple:
 def _pinned_inputs(metric: str, index: int) -> dict:
     """The pinned cases' arguments (the fused case, the unfused one, the resumed one): a coefficient below 1
     and above; NDCG's defaults with a negative task and sessions of two and one, every argument turned
-    (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch."""
+    (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch; segmented NE
+    over three groups (one without a sample) with logloss, two from float keys cast, one; the tensor average
+    with one task unweighted, then the other, then both weighted."""
     if metric in RECALIBRATED:
         return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
+    if metric in TENSOR_AVERAGED:
+        return {"unweighted_tasks": ((1,), (0,), ())[index]}
+    if metric in SEGMENTED:
+        return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
+                {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
+                {"sample_keys": (0, 0, 0), "arguments": (("num_groups", 1),)})[index]
     if metric not in SESSION_IDS:
         return {}
     turned = (("exponential_gain", True), ("k", 2), ("report_ndcg_as_decreasing_curve", False),
               ("remove_single_length_sessions", True), ("scale_by_weights_tensor", True))
     unfused_negative = () if rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None else (0,)
-    return ({"session_ids": (5, 2, 5), "negative_tasks": (1,)},
-            {"session_ids": (3, 1, 3), "negative_tasks": unfused_negative, "arguments": turned},
-            {"session_ids": (0, 0, 0), "arguments": (("exponential_gain", True), ("k", 1))})[index]
+    return ({"sample_keys": (5, 2, 5), "negative_tasks": (1,)},
+            {"sample_keys": (3, 1, 3), "negative_tasks": unfused_negative, "arguments": turned},
+            {"sample_keys": (0, 0, 0), "arguments": (("exponential_gain", True), ("k", 1))})[index]
 
 
 def pinned(metric: str) -> tuple[MetricSpec, ...]:
