@@ -23,6 +23,10 @@ from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
 TASK_NAMES = ("task_a", "task_b")
+# RecMetricModule's own: a compute every second batch (should_compute() says when), and a throughput metric
+# whose example counts follow from the batches (its rates are wall-clock times: not compared).
+COMPUTE_INTERVAL_STEPS = 2
+TOTAL_EXAMPLES, ATTEMPT_EXAMPLES = "throughput-throughput|total_examples", "throughput-throughput|attempt_examples"
 
 
 def _tasks(spec: MetricSpec) -> list[Any]:
@@ -55,13 +59,14 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
 
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
     from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
-    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum
+    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum, ThroughputDef
 
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
     config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
         rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **dict(spec.arguments)} or None)},
-        throughput_metric=None, rec_compute_mode=_mode(spec), state_metrics=[])
+        throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
+        compute_interval_steps=COMPUTE_INTERVAL_STEPS)
     return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
                                   my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"))
 
@@ -73,12 +78,17 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
     a fresh one, which takes the rest of the stream, as a resumed training job does; the lifetime values
     must then cover the whole stream (the states torchrec marks persistent are those it promises to
     checkpoint; its window buffers are not among them, so the window is not compared after a resume)."""
+    return _fed_metric(spec, rank).compute()
+
+
+def _fed_metric(spec: MetricSpec, rank: int) -> Any:
+    """The metric class or module after ``rank``'s stream (resumed where the spec says)."""
     build = _metric_module if spec.via == "module" else _metric
-    metric = build(spec, rank)
+    metric, updates = build(spec, rank), 0
     for index, batch in enumerate(spec.streams()[rank]):
         if index == spec.resume_at:
             saved = metric.state_dict()
-            metric = build(spec, rank)
+            metric, updates = build(spec, rank), 0
             metric.load_state_dict(saved)
         preds, labels, weights = _tensors(spec, batch)
         fed = {"predictions": preds, "labels": labels, "weights": weights}
@@ -89,10 +99,28 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
                 task = TASK_NAMES[t]
                 model_out.update({f"prediction_{t}": preds[task], f"label_{t}": labels[task], f"weight_{t}": weights[task]})
             metric.update({**model_out, **_required_inputs(spec, preds)})
+            updates += 1
+            # The module counts the batches it was given since it was built (a resumed one starts again).
+            if metric.should_compute() != (updates % COMPUTE_INTERVAL_STEPS == 0):
+                raise ParityError(f"{spec.metric} (module): should_compute() is {metric.should_compute()} after {updates} "
+                                  f"batches with compute_interval_steps={COMPUTE_INTERVAL_STEPS}")
         else:
             metric.update(predictions=preds, labels=labels, weights=weights, **_session_inputs(spec, preds))
         _expect_untouched(spec, fed, before, index)
-    return metric.compute()
+    return metric
+
+
+def _compare_examples(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
+    """RecMetricModule's throughput counts: every batch given (every rank's batch size), and those since the
+    resume (torchrec does not checkpoint the attempt's count)."""
+    batches = len(spec.batches)
+    for key, counted in ((TOTAL_EXAMPLES, batches), (ATTEMPT_EXAMPLES, batches - (spec.resume_at or 0))):
+        want = counted * spec.batch_size * spec.world_size
+        expect(key in report, f"the module's report has no {key} (it has {sorted(report)})")
+        if float(report[key]) != want:
+            raise ParityError(f"{spec.metric} ({who}): {key} = {float(report[key]):g} after {counted} batches of "
+                              f"{spec.batch_size} samples on each of {spec.world_size} ranks ({want})")
+    return 2
 
 
 def _expect_untouched(spec: MetricSpec, fed: dict, before: dict, batch: int) -> None:
@@ -104,11 +132,25 @@ def _expect_untouched(spec: MetricSpec, fed: dict, before: dict, batch: int) -> 
                               f"{was.tolist()} became {fed[what][task].tolist()}")
 
 
-def report_on_rank(spec: MetricSpec) -> dict[str, float]:
-    """Run on every rank of a pool: this rank's report, as plain numbers."""
+def report_on_rank(spec: MetricSpec) -> dict[str, dict[str, float]]:
+    """Run on every rank of a pool: this rank's reports, as plain numbers: ``reduced``, compute() over every
+    rank's states; ``local``, local_compute() over this rank's alone; and for RecMetricModule ``restored``,
+    local_compute() of a fresh module that loaded get_pre_compute_states() (every rank's states gathered
+    and reduced, as a job hands them to another process), which covers every rank's samples again."""
     import torch.distributed as dist
 
-    return {k: float(v.reshape(-1)[0]) for k, v in torchrec_report(spec, dist.get_rank()).items() if v.numel() == 1}
+    def numbers(report: dict) -> dict[str, float]:
+        return {k: float(v.reshape(-1)[0]) for k, v in report.items() if v.numel() == 1}
+
+    rank = dist.get_rank()
+    metric = _fed_metric(spec, rank)
+    reports = {"local": numbers(metric.local_compute())}
+    if spec.via == "module":
+        fresh = _metric_module(spec, rank)
+        fresh.load_pre_compute_states(metric.get_pre_compute_states())
+        reports["restored"] = numbers(fresh.local_compute())
+    reports["reduced"] = numbers(metric.compute())
+    return reports
 
 
 def _session_inputs(spec: MetricSpec, preds: dict) -> dict[str, Any]:
@@ -180,11 +222,30 @@ def run_metric_case(spec: MetricSpec, pool: Any = None, every_value: bool = Fals
     else:
         if pool is None or pool.world_size != spec.world_size:
             raise HarnessError(f"a metrics case of {spec.world_size} ranks needs a pool of that size")
-        reports = pool.call(report_on_rank, (spec,), case=spec.case_id())
+        return _compare_ranks(spec, pool.call(report_on_rank, (spec,), case=spec.case_id()), every_value)
     compared = _compare(spec, reports[0], "rank 0", every_value)
-    for rank, other in enumerate(reports[1:], start=1):
-        if other:  # a rank that computes reports the reduced values too
-            _compare(spec, other, f"rank {rank}", every_value)
+    if spec.via == "module":
+        _compare_examples(spec, reports[0], "rank 0")
+    if compared == 0:
+        raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
+    return {"compared": compared}
+
+
+def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> dict[str, Any]:
+    """Rank 0's reduced values (another rank's too where it reports them) and restored ones over every rank's
+    samples; each rank's local values over its own."""
+    compared = _compare(spec, reports[0]["reduced"], "rank 0", every_value)
+    namespace = NAMESPACES.get(spec.metric, spec.metric)
+    for rank, report in enumerate(reports):
+        if rank and any(key.startswith(f"{namespace}-") for key in report["reduced"]):  # one that computes reports them too
+            _compare(spec, report["reduced"], f"rank {rank}", every_value)
+        if spec.via == "module":
+            _compare_examples(spec, report["reduced"], f"rank {rank}")
+        compared += _compare(spec, report["local"], f"rank {rank}, local_compute()", every_value, key_prefix="local_",
+                             ranks=(rank,))
+        if "restored" in report:
+            compared += _compare(spec, report["restored"], f"rank {rank}, a module restored from get_pre_compute_states()",
+                                 every_value, key_prefix="local_")
     if compared == 0:
         raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
     return {"compared": compared}
@@ -230,7 +291,10 @@ def _value(name: str, samples: list, *extra: Any) -> float | None:
     return getattr(reference, name)(samples, *extra) if _defined(name, samples) else None
 
 
-def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False) -> int:
+def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False, key_prefix: str = "",
+             ranks: tuple[int, ...] | None = None) -> int:
+    """Each value of ``report`` (keys ``<metric>-<task>|<key_prefix><lifetime or window>_<name>``) against its
+    formula over the samples of ``ranks``' streams (every rank's by default) it holds."""
     _, every_name, _, window_kind = METRICS[spec.metric]
     names = every_name if every_value else compared_names(spec.metric)
     holds = reference.window_of_samples if window_kind == "samples" else reference.window_of_batches
@@ -238,7 +302,7 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
     compared = 0
     for t in range(spec.tasks):
         task = TASK_NAMES[t]
-        streams = [[list(batch[t]) for batch in stream] for stream in spec.streams()]
+        streams = [[list(batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
         spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
         # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only).
         if spec.resume_at is not None or not (every_value or window_compared(spec.metric)):
@@ -252,7 +316,7 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
                 want = formula(samples)
                 if want is None:  # undefined on these samples (_defined and reference.py say where)
                     continue
-                got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task, prefix, name)
+                got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task, key_prefix + prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if spec.metric in RECALIBRATED:
                     bound += _rounded_predictions_slack(formula, samples, want)
