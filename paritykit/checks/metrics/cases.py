@@ -18,7 +18,7 @@ import torch
 
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.specs import (METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
-                                            TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
+                                            TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -280,6 +280,8 @@ def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple
         extra = (spec.sessions,)
     elif spec.metric in PER_BATCH:
         extra = (spec.batch_size,)
+    elif spec.metric in TARGETED:
+        extra = (arguments["target_precision"],)
     elif spec.metric in TENSOR_AVERAGED:
         return [(name, lambda samples: reference.tensor_weighted_avg(samples, task not in spec.unweighted_tasks)) for name in names]
     else:

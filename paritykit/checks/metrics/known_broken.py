@@ -5,10 +5,12 @@ the day torchrec fixes it. The draws keep clear of them (specs.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
-from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
+from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
+                                            NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
                                             RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, TENSOR_WEIGHTED_AVG_WINDOW,
                                             WEIGHTED_AVG_WINDOW, MetricSpec)
 
@@ -41,6 +43,12 @@ NDCG_FUSED_MODULE_SPEC = MetricSpec("ndcg", 1, "fused", 3, 3, ((((0.3, 1.0, 1.0)
 TENSOR_WEIGHTED_AVG_SPEC = MetricSpec("tensor_weighted_avg", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4, 1.0, 1.0)),),
                                                                                    (((0.6, 0.0, 1.0), (0.8, 1.0, 1.0)),)))
 
+# Two negatives predicted 0.6 and 0.8 and a positive predicted 0.9, target precision 0.5: the lowest threshold
+# reaching it is the first above 0.6 (one right of two predicted positive), index 600 of 1000: torchrec
+# reports 600 uninitialized values instead of the index.
+HINDSIGHT_SPEC = MetricSpec("hindsight_target_pr", 1, "unfused", 3, 3, ((((0.6, 0.0, 1.0), (0.8, 0.0, 1.0), (0.9, 1.0, 1.0)),),),
+                            arguments=(("target_precision", 0.5),))
+
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     WEIGHTED_AVG_WINDOW: ("WeightedAvgMetric over two batches of two samples, a window of two, against the average of the "
                           "last batch", lambda: run_metric_case(WEIGHTED_AVG_SPEC, every_value=True)),
@@ -54,6 +62,10 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
                                   "predictions and labels it was fed, after update()", lambda: run_metric_case(NDCG_NEGATIVE_SPEC)),
     NDCG_FUSED_MODULE_ONE_TASK: ("NDCG of one task computed fused through RecMetricModule over one session of three, "
                                  "against the formula", lambda: run_metric_case(NDCG_FUSED_MODULE_SPEC)),
+    HINDSIGHT_THRESHOLD_AS_SIZE: ("HindsightTargetPRMetric over three samples, target precision 0.5, against the index of the "
+                                  "lowest threshold reaching it", lambda: run_metric_case(HINDSIGHT_SPEC, every_value=True)),
+    HINDSIGHT_FUSED: ("HindsightTargetPRMetric of one task computed fused over the same samples, against its precision "
+                      "and recall at that threshold", lambda: run_metric_case(replace(HINDSIGHT_SPEC, compute_mode="fused"))),
     RECALL_AT_THRESHOLD: ("RecallMetric over two positives, one predicted at the 0.5 threshold, against TP / (TP + FN)",
                           lambda: run_metric_case(RECALL_SPEC, every_value=True)),
 }

@@ -38,6 +38,9 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   sum w_i w_j (0 without a pair's weight)
     num_missing_labels = the weight of the samples whose label is NaN
     segmented NE, logloss_<g> = NE and logloss over the samples whose group key is g
+    hindsight target PR = the index i of the lowest of 1000 thresholds t_i = i / 999 whose precision of
+                  [p >= t_i] reaches the target precision (the last when none does), and that threshold's
+                  precision and recall (0 where their denominator is)
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
     NDCG        = over the sessions of every batch (the samples sharing a session id), the mean of
@@ -194,10 +197,10 @@ def accuracy(samples: list[Sample]) -> float:
     return _ratio(right, sums(samples)[0])
 
 
-def _confusion(samples: list[Sample]) -> tuple[float, float, float]:
-    tp = math.fsum(w for p, l, w in samples if p >= THRESHOLD and l == 1.0)
-    fp = math.fsum(w for p, l, w in samples if p >= THRESHOLD and l == 0.0)
-    fn = math.fsum(w for p, l, w in samples if p < THRESHOLD and l == 1.0)
+def _confusion(samples: list[Sample], threshold: float = THRESHOLD) -> tuple[float, float, float]:
+    tp = math.fsum(w for p, l, w in samples if p >= threshold and l == 1.0)
+    fp = math.fsum(w for p, l, w in samples if p >= threshold and l == 0.0)
+    fn = math.fsum(w for p, l, w in samples if p < threshold and l == 1.0)
     return tp, fp, fn
 
 
@@ -333,3 +336,27 @@ def tensor_weighted_avg(samples: list[Sample], weighted: bool) -> float | None:
     """The average of x = 1 - p (the tensor paritykit feeds), by the weights or plain; None without weight."""
     weight = sums(samples)[0] if weighted else float(len(samples))
     return math.fsum((w if weighted else 1.0) * (1.0 - p) for p, _, w in samples) / weight if weight else None
+
+
+HINDSIGHT_THRESHOLDS = 1000
+
+
+def _hindsight(samples: list[Sample], target: float) -> tuple[int, float, float]:
+    """(index, precision, recall) at the lowest threshold whose precision reaches ``target``."""
+    for i in range(HINDSIGHT_THRESHOLDS):
+        tp, fp, fn = _confusion(samples, i / (HINDSIGHT_THRESHOLDS - 1))
+        if _ratio(tp, tp + fp) >= target or i == HINDSIGHT_THRESHOLDS - 1:
+            return i, _ratio(tp, tp + fp), _ratio(tp, tp + fn)
+    raise AssertionError("unreachable")
+
+
+def hindsight_target_pr(samples: list[Sample], target: float) -> float:
+    return float(_hindsight(samples, target)[0])
+
+
+def hindsight_target_precision(samples: list[Sample], target: float) -> float:
+    return _hindsight(samples, target)[1]
+
+
+def hindsight_target_recall(samples: list[Sample], target: float) -> float:
+    return _hindsight(samples, target)[2]

@@ -34,6 +34,10 @@ NDCG_NEGATIVE_TASK_IN_PLACE = "ndcg-negative-task-flips-inputs"
 # And: NDCG computed fused through RecMetricModule with one task takes no session_id (the module squeezes it to
 # one dimension, NDCG asserts the stacked predictions' two).
 NDCG_FUSED_MODULE_ONE_TASK = "ndcg-fused-module-one-task"
+# And two of HindsightTargetPRMetric: it reports the threshold as torch.Tensor(index), an uninitialized tensor
+# of that many elements; and computed fused it raises (its states are one row, not a row a task).
+HINDSIGHT_THRESHOLD_AS_SIZE = "hindsight-target-pr-threshold-as-tensor-size"
+HINDSIGHT_FUSED = "hindsight-target-pr-fused"
 THRESHOLD = 0.5
 
 # metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
@@ -72,6 +76,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "ndcg": ("torchrec.metrics.ndcg.NDCGMetric", ("ndcg",), {}, "batches"),
     "segmented_ne": ("torchrec.metrics.segmented_ne.SegmentedNEMetric", ("segmented_ne", "logloss"), {}, "batches"),
     "tensor_weighted_avg": ("torchrec.metrics.tensor_weighted_avg.TensorWeightedAvgMetric", ("weighted_avg",), {}, "batches"),
+    "hindsight_target_pr": ("torchrec.metrics.hindsight_target_pr.HindsightTargetPRMetric",
+                            ("hindsight_target_pr", "hindsight_target_precision", "hindsight_target_recall"), {}, "batches"),
 }
 # The namespace a metric reports under, where it is not the metric's name.
 NAMESPACES = {"tensor_weighted_avg": "weighted_avg"}
@@ -97,6 +103,8 @@ LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "num_missing_lab
 SESSION_IDS = ("ndcg",)
 # The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
 SEGMENTED = ("segmented_ne",)
+# The metrics with a target precision (the reference finds the threshold that reaches it).
+TARGETED = ("hindsight_target_pr",)
 # The metrics that average a tensor of the model's outputs other than the predictions (a task's
 # ``tensor_name``, weighted or not): paritykit feeds 1 - p there, so that averaging p would show.
 TENSOR_AVERAGED = ("tensor_weighted_avg",)
@@ -106,6 +114,8 @@ RECALIBRATION_COEFFICIENTS = (0.1, 0.5, 2.0, 10.0)
 # NDCGMetric's own arguments, drawn.
 NDCG_ARGUMENTS = {"exponential_gain": (False, True), "k": (-1, 1, 2, 3), "report_ndcg_as_decreasing_curve": (True, False),
                   "remove_single_length_sessions": (False, True), "scale_by_weights_tensor": (False, True)}
+# HindsightTargetPRMetric's target precision, drawn.
+TARGET_PRECISIONS = (0.3, 0.5, 0.75, 0.9)
 # SegmentedNEMetric's arguments, drawn (the keys fed as float32 where they are to be cast); logloss always,
 # which a group has wherever it has weight (its NE needs both labels; a pinned case goes without it).
 SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True)}
@@ -117,7 +127,10 @@ COMPUTE_MODES = ("unfused", "fused")
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
 KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW, "tensor_weighted_avg": TENSOR_WEIGHTED_AVG_WINDOW}
 # A reported name a standing known issue drops: not compared while it stands (the known-broken case is).
-KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS}
+KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS,
+                  ("hindsight_target_pr", "hindsight_target_pr"): HINDSIGHT_THRESHOLD_AS_SIZE}
+# A metric a standing known issue breaks when its tasks are computed fused: drawn and pinned unfused.
+KEPT_OUT_FUSED = {"hindsight_target_pr": HINDSIGHT_FUSED}
 
 
 def drawn_metrics() -> tuple[str, ...]:
@@ -129,6 +142,11 @@ def compared_names(metric: str) -> tuple[str, ...]:
     """The names of the metric's values compared on this stack."""
     return tuple(n for n in METRICS[metric][1]
                  if (metric, n) not in KEPT_OUT_NAMES or rule_kept_out(KEPT_OUT_NAMES[(metric, n)]) is None)
+
+
+def compute_mode(metric: str, mode: str) -> str:
+    """``mode``, or unfused where a standing known issue breaks the metric fused."""
+    return "unfused" if metric in KEPT_OUT_FUSED and rule_kept_out(KEPT_OUT_FUSED[metric]) is not None else mode
 
 
 def window_compared(metric: str) -> bool:
@@ -216,7 +234,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
                 per_task.append(tuple(zip(values, labels, weights)))
             batches.append(tuple(per_task))
         streams.append(tuple(batches))
-    mode = draw(st.sampled_from(COMPUTE_MODES))
+    mode = compute_mode(metric, draw(st.sampled_from(COMPUTE_MODES)))
     return MetricSpec(metric, tasks, mode, batch_size, window, streams[0],
                       via=draw(_via(metric, tasks, mode)),
                       rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
@@ -237,6 +255,8 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
         return {"arguments": (("recalibration_coefficient", draw(st.sampled_from(RECALIBRATION_COEFFICIENTS))),)}
     if metric in TENSOR_AVERAGED:
         return {"unweighted_tasks": tuple(sorted(draw(st.sets(st.integers(0, tasks - 1)))))}
+    if metric in TARGETED:
+        return {"arguments": (("target_precision", draw(st.sampled_from(TARGET_PRECISIONS))),)}
     if metric in SEGMENTED:
         arguments = tuple((k, draw(st.sampled_from(v))) for k, v in SEGMENTED_ARGUMENTS.items())
         groups = dict(arguments)["num_groups"]
@@ -302,6 +322,8 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
     if metric in TENSOR_AVERAGED:
         return {"unweighted_tasks": ((1,), (0,), ())[index]}
+    if metric in TARGETED:
+        return {"arguments": (("target_precision", (0.5, 0.75, 0.5)[index]),)}
     if metric in SEGMENTED:
         return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
                 {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
@@ -323,7 +345,7 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
     if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
         return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)),
                 *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
-    return (MetricSpec(metric, 2, "fused", 3, 7, stream, **_pinned_inputs(metric, 0)),
+    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 7, stream, **_pinned_inputs(metric, 0)),
             MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module", **_pinned_inputs(metric, 1)),
             *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r, **_pinned_inputs(metric, 2))
               for r in resumed))
@@ -341,5 +363,5 @@ def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
     if world_size != 2:
         return ()
     stream = _stream(metric)
-    return (MetricSpec(metric, 2, "fused", 3, 13, stream, via="module", rank_batches=(_mirrored(stream),),
+    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 13, stream, via="module", rank_batches=(_mirrored(stream),),
                        **_pinned_inputs(metric, 0)),)
