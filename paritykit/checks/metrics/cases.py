@@ -11,14 +11,17 @@ window or task does.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
-from typing import Any, Callable
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.specs import (METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
-                                            TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
+                                            SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -37,7 +40,12 @@ def _tasks(spec: MetricSpec) -> list[Any]:
 
 
 def _task_options(spec: MetricSpec, task: int) -> dict[str, Any]:
-    """A task marked negative (NDCG), the tensor a task averages and whether by the weights (the tensor average)."""
+    """A task marked negative (NDCG), the tensor a task averages and whether by the weights (the tensor average), a
+    session metric's definition (its arguments are the task's, not the metric's constructor's)."""
+    if spec.metric in SESSION_LEVEL:
+        from torchrec.metrics.metrics_config import SessionMetricDef
+
+        return {"session_metric_def": SessionMetricDef(session_var_name="session", **dict(spec.arguments))}
     if spec.metric in TENSOR_AVERAGED:
         return {"tensor_name": f"target_{task}", "weighted": task not in spec.unweighted_tasks}
     return {"is_negative_task": True} if task in spec.negative_tasks else {}
@@ -49,12 +57,32 @@ def _mode(spec: MetricSpec) -> Any:
     return RecComputeMode.FUSED_TASKS_COMPUTATION if spec.compute_mode == "fused" else RecComputeMode.UNFUSED_TASKS_COMPUTATION
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """torchrec's metrics log a warning for each value they cannot define yet (NaN: no positive so far) and
+    XAUC's meshgrid warns of a future default: the check reads the values, and their warnings would drown
+    the gate's output."""
+    logger = logging.getLogger("torchrec.metrics")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.meshgrid")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def _metric(spec: MetricSpec, rank: int) -> Any:
     path, _, extra, _ = METRICS[spec.metric]
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
-               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **dict(spec.arguments))
+               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **_constructor_arguments(spec))
+
+
+def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
+    return {} if spec.metric in SESSION_LEVEL else dict(spec.arguments)
 
 
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
@@ -64,7 +92,7 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
     config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
-        rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **dict(spec.arguments)} or None)},
+        rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **_constructor_arguments(spec)} or None)},
         throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
         compute_interval_steps=COMPUTE_INTERVAL_STEPS)
     return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
@@ -78,7 +106,8 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
     a fresh one, which takes the rest of the stream, as a resumed training job does; the lifetime values
     must then cover the whole stream (the states torchrec marks persistent are those it promises to
     checkpoint; its window buffers are not among them, so the window is not compared after a resume)."""
-    return _fed_metric(spec, rank).compute()
+    with _quiet():
+        return _fed_metric(spec, rank).compute()
 
 
 def _fed_metric(spec: MetricSpec, rank: int) -> Any:
@@ -143,13 +172,14 @@ def report_on_rank(spec: MetricSpec) -> dict[str, dict[str, float]]:
         return {k: float(v.reshape(-1)[0]) for k, v in report.items() if v.numel() == 1}
 
     rank = dist.get_rank()
-    metric = _fed_metric(spec, rank)
-    reports = {"local": numbers(metric.local_compute())}
-    if spec.via == "module":
-        fresh = _metric_module(spec, rank)
-        fresh.load_pre_compute_states(metric.get_pre_compute_states())
-        reports["restored"] = numbers(fresh.local_compute())
-    reports["reduced"] = numbers(metric.compute())
+    with _quiet():
+        metric = _fed_metric(spec, rank)
+        reports = {"local": numbers(metric.local_compute())}
+        if spec.via == "module":
+            fresh = _metric_module(spec, rank)
+            fresh.load_pre_compute_states(metric.get_pre_compute_states())
+            reports["restored"] = numbers(fresh.local_compute())
+        reports["reduced"] = numbers(metric.compute())
     return reports
 
 
@@ -172,6 +202,8 @@ def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
     keys = torch.tensor(spec.sample_keys)
     if spec.metric in SEGMENTED:
         return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys}
+    if spec.metric in SESSION_LEVEL:
+        return {"session": keys}
     return {"session_id": keys.expand(spec.tasks, -1).contiguous() if spec.compute_mode == "fused" else keys}
 
 
@@ -280,6 +312,8 @@ def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple
         extra = (spec.sessions,)
     elif spec.metric in PER_BATCH:
         extra = (spec.batch_size,)
+    elif spec.metric in SESSION_LEVEL:
+        extra = (spec.batch_size, spec.sample_keys, arguments)
     elif spec.metric in TARGETED:
         extra = (arguments["target_precision"],)
     elif spec.metric in TENSOR_AVERAGED:

@@ -38,6 +38,10 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   sum w_i w_j (0 without a pair's weight)
     num_missing_labels = the weight of the samples whose label is NaN
     segmented NE, logloss_<g> = NE and logloss over the samples whose group key is g
+    recall and precision at session level = TP / (TP + FN), TP / (TP + FP), a sample predicted positive when
+                  fewer than top_threshold samples of its session (in its batch) have a higher prediction, and
+                  positive by its label, or (ranking the labels) when fewer than top_threshold have a higher label
+                  (undefined when the denominator is 0)
     hindsight target PR = the index i of the lowest of 1000 thresholds t_i = i / 999 whose precision of
                   [p >= t_i] reaches the target precision (the last when none does), and that threshold's
                   precision and recall (0 where their denominator is)
@@ -360,3 +364,31 @@ def hindsight_target_precision(samples: list[Sample], target: float) -> float:
 
 def hindsight_target_recall(samples: list[Sample], target: float) -> float:
     return _hindsight(samples, target)[2]
+
+
+def _ranked_positive(values: list[float], keys: tuple[int, ...], top: int) -> list[bool]:
+    """Whether fewer than ``top`` values of the same key are higher than each."""
+    return [sum(1 for vj, kj in zip(values, keys) if kj == ki and vj > vi) < top for vi, ki in zip(values, keys)]
+
+
+def _session_confusion(samples: list[Sample], batch_size: int, keys: tuple[int, ...], arguments: dict) -> tuple[float, float, float]:
+    tp, fp, fn = [], [], []
+    top = arguments["top_threshold"]
+    for start in range(0, len(samples), batch_size):
+        batch = samples[start:start + batch_size]
+        predicted = _ranked_positive([p for p, _, _ in batch], keys, top)
+        labelled = (_ranked_positive([l for _, l, _ in batch], keys, top) if arguments.get("run_ranking_of_labels")
+                    else [l == 1.0 for _, l, _ in batch])
+        for (_, _, w), yes, positive in zip(batch, predicted, labelled):
+            (tp if yes and positive else fp if yes else fn if positive else []).append(w)
+    return math.fsum(tp), math.fsum(fp), math.fsum(fn)
+
+
+def recall_session_level(samples: list[Sample], batch_size: int, keys: tuple[int, ...], arguments: dict) -> float | None:
+    tp, _, fn = _session_confusion(samples, batch_size, keys, arguments)
+    return tp / (tp + fn) if tp + fn else None
+
+
+def precision_session_level(samples: list[Sample], batch_size: int, keys: tuple[int, ...], arguments: dict) -> float | None:
+    tp, fp, _ = _session_confusion(samples, batch_size, keys, arguments)
+    return tp / (tp + fp) if tp + fp else None

@@ -78,6 +78,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "tensor_weighted_avg": ("torchrec.metrics.tensor_weighted_avg.TensorWeightedAvgMetric", ("weighted_avg",), {}, "batches"),
     "hindsight_target_pr": ("torchrec.metrics.hindsight_target_pr.HindsightTargetPRMetric",
                             ("hindsight_target_pr", "hindsight_target_precision", "hindsight_target_recall"), {}, "batches"),
+    "recall_session_level": ("torchrec.metrics.recall_session.RecallSessionMetric", ("recall_session_level",), {}, "batches"),
+    "precision_session_level": ("torchrec.metrics.precision_session.PrecisionSessionMetric", ("precision_session_level",), {},
+                                "batches"),
 }
 # The namespace a metric reports under, where it is not the metric's name.
 NAMESPACES = {"tensor_weighted_avg": "weighted_avg"}
@@ -103,6 +106,11 @@ LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "num_missing_lab
 SESSION_IDS = ("ndcg",)
 # The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
 SEGMENTED = ("segmented_ne",)
+# The session-level metrics: a sample is predicted positive when fewer than top_threshold samples of its
+# session (``session``, drawn ids) rank above it; a task's SessionMetricDef carries the arguments, and
+# torchrec computes them per task only (it refuses fused computation with a message).
+SESSION_LEVEL = ("recall_session_level", "precision_session_level")
+SESSION_LEVEL_ARGUMENTS = {"top_threshold": (1, 2, 3), "run_ranking_of_labels": (False, True)}
 # The metrics with a target precision (the reference finds the threshold that reaches it).
 TARGETED = ("hindsight_target_pr",)
 # The metrics that average a tensor of the model's outputs other than the predictions (a task's
@@ -145,8 +153,9 @@ def compared_names(metric: str) -> tuple[str, ...]:
 
 
 def compute_mode(metric: str, mode: str) -> str:
-    """``mode``, or unfused where a standing known issue breaks the metric fused."""
-    return "unfused" if metric in KEPT_OUT_FUSED and rule_kept_out(KEPT_OUT_FUSED[metric]) is not None else mode
+    """``mode``, or unfused where torchrec refuses the metric fused or a standing known issue breaks it so."""
+    refused = metric in SESSION_LEVEL or (metric in KEPT_OUT_FUSED and rule_kept_out(KEPT_OUT_FUSED[metric]) is not None)
+    return "unfused" if refused else mode
 
 
 def window_compared(metric: str) -> bool:
@@ -257,6 +266,9 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
         return {"unweighted_tasks": tuple(sorted(draw(st.sets(st.integers(0, tasks - 1)))))}
     if metric in TARGETED:
         return {"arguments": (("target_precision", draw(st.sampled_from(TARGET_PRECISIONS))),)}
+    if metric in SESSION_LEVEL:
+        return {"arguments": tuple((k, draw(st.sampled_from(v))) for k, v in SESSION_LEVEL_ARGUMENTS.items()),
+                "sample_keys": tuple(draw(st.lists(st.integers(0, 2), min_size=batch_size, max_size=batch_size)))}
     if metric in SEGMENTED:
         arguments = tuple((k, draw(st.sampled_from(v))) for k, v in SEGMENTED_ARGUMENTS.items())
         groups = dict(arguments)["num_groups"]
@@ -324,6 +336,10 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return {"unweighted_tasks": ((1,), (0,), ())[index]}
     if metric in TARGETED:
         return {"arguments": (("target_precision", (0.5, 0.75, 0.5)[index]),)}
+    if metric in SESSION_LEVEL:
+        return ({"sample_keys": (4, 1, 4), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", False))},
+                {"sample_keys": (0, 0, 0), "arguments": (("top_threshold", 2), ("run_ranking_of_labels", True))},
+                {"sample_keys": (1, 1, 2), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", True))})[index]
     if metric in SEGMENTED:
         return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
                 {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
