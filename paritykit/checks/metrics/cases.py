@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import (METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
+from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
                                             SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
@@ -343,7 +343,9 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only).
         if spec.resume_at is not None or not (every_value or window_compared(spec.metric)):
             del spans["window"]
-        if spec.metric not in WINDOW_ONLY:
+        if spec.metric in LATEST_BATCH:  # each rank's latest batch (reduced by the mean over the ranks)
+            spans["lifetime"] = [s for stream in streams for s in stream[-1]]
+        elif spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]
         for prefix, samples in spans.items():
             if spec.metric in RECALIBRATED:

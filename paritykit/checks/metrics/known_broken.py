@@ -11,7 +11,7 @@ from typing import Any, Callable
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
                                             NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
-                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, TENSOR_WEIGHTED_AVG_WINDOW,
+                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
                                             WEIGHTED_AVG_WINDOW, MetricSpec)
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
@@ -49,11 +49,16 @@ TENSOR_WEIGHTED_AVG_SPEC = MetricSpec("tensor_weighted_avg", 1, "unfused", 2, 2,
 HINDSIGHT_SPEC = MetricSpec("hindsight_target_pr", 1, "unfused", 3, 3, ((((0.6, 0.0, 1.0), (0.8, 0.0, 1.0), (0.9, 1.0, 1.0)),),),
                             arguments=(("target_precision", 0.5),))
 
+# The same of ScalarMetric, the labels its values: the window holds the second batch, mean 0.75.
+SCALAR_SPEC = MetricSpec("scalar", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4, 0.5, 1.0)),), (((0.6, 0.5, 1.0), (0.8, 1.0, 1.0)),)))
+
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     WEIGHTED_AVG_WINDOW: ("WeightedAvgMetric over two batches of two samples, a window of two, against the average of the "
                           "last batch", lambda: run_metric_case(WEIGHTED_AVG_SPEC, every_value=True)),
     TENSOR_WEIGHTED_AVG_WINDOW: ("TensorWeightedAvgMetric over two batches of two samples, a window of two, against the "
                                  "average of the last batch's tensor", lambda: run_metric_case(TENSOR_WEIGHTED_AVG_SPEC, every_value=True)),
+    SCALAR_WINDOW: ("ScalarMetric over two batches of two samples, a window of two, against the mean label of the last batch",
+                    lambda: run_metric_case(SCALAR_SPEC, every_value=True)),
     CALI_FREE_NE_UNNORMALIZED: ("CaliFreeNEMetric over four samples of weight 1 against the cross entropy over that of the "
                                 "mean prediction", lambda: run_metric_case(CALI_FREE_NE_SPEC, every_value=True)),
     RECALIBRATED_NE_LOGLOSS: ("RecalibratedNEMetric with include_logloss=True over a negative and a positive, against the "

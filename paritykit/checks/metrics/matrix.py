@@ -16,9 +16,9 @@ from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
 NAME = "metrics"
-# The metrics pinned on a pool: a ratio of sums (NE, calibration), a count (recall) and the one that
-# gathers samples rather than sums (AUC); the drawn property covers every metric.
-ON_RANKS_PINNED = ("ne", "calibration", "recall", "auc")
+# The metrics pinned on a pool: a ratio of sums (NE, calibration), a count (recall), the one that gathers
+# samples rather than sums (AUC) and the one its ranks average (scalar); the drawn property covers every metric.
+ON_RANKS_PINNED = ("ne", "calibration", "recall", "auc", "scalar")
 CPU_ONLY = "the metrics check computes on CPU in this version (the formulas are device-independent)"
 
 

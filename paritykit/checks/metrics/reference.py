@@ -38,6 +38,8 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   sum w_i w_j (0 without a pair's weight)
     num_missing_labels = the weight of the samples whose label is NaN
     segmented NE, logloss_<g> = NE and logloss over the samples whose group key is g
+    scalar      = the mean over the batches held of each batch's mean label (the label is the value logged);
+                  its lifetime holds the latest batch only
     recall and precision at session level = TP / (TP + FN), TP / (TP + FP), a sample predicted positive when
                   fewer than top_threshold samples of its session (in its batch) have a higher prediction, and
                   positive by its label, or (ranking the labels) when fewer than top_threshold have a higher label
@@ -392,3 +394,8 @@ def recall_session_level(samples: list[Sample], batch_size: int, keys: tuple[int
 def precision_session_level(samples: list[Sample], batch_size: int, keys: tuple[int, ...], arguments: dict) -> float | None:
     tp, fp, _ = _session_confusion(samples, batch_size, keys, arguments)
     return tp / (tp + fp) if tp + fp else None
+
+
+def scalar(samples: list[Sample], batch_size: int) -> float:
+    means = [math.fsum(l for _, l, _ in samples[i:i + batch_size]) / batch_size for i in range(0, len(samples), batch_size)]
+    return math.fsum(means) / len(means)

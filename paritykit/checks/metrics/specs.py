@@ -25,6 +25,7 @@ CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
 # it drops no batch until it has seen window_size updates; TensorWeightedAvgMetric's alike.
 WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
 TENSOR_WEIGHTED_AVG_WINDOW = "tensor-weighted-avg-window-counts-updates"
+SCALAR_WINDOW = "scalar-window-counts-updates"
 # And one more: RecalibratedNEMetric takes include_logloss, then NE's constructor sets it back to False, so
 # it never reports logloss.
 RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
@@ -78,6 +79,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "tensor_weighted_avg": ("torchrec.metrics.tensor_weighted_avg.TensorWeightedAvgMetric", ("weighted_avg",), {}, "batches"),
     "hindsight_target_pr": ("torchrec.metrics.hindsight_target_pr.HindsightTargetPRMetric",
                             ("hindsight_target_pr", "hindsight_target_precision", "hindsight_target_recall"), {}, "batches"),
+    "scalar": ("torchrec.metrics.scalar.ScalarMetric", ("scalar",), {}, "batches"),
     "recall_session_level": ("torchrec.metrics.recall_session.RecallSessionMetric", ("recall_session_level",), {}, "batches"),
     "precision_session_level": ("torchrec.metrics.precision_session.PrecisionSessionMetric", ("precision_session_level",), {},
                                 "batches"),
@@ -96,11 +98,13 @@ SESSIONED = ("gauc",)
 # seen at each compute() call, a history no formula over the samples gives).
 WINDOW_ONLY = ("auc", "auprc", "rauc")
 # The metrics over the pairs of a batch: the reference is told the batch size.
-PER_BATCH = ("xauc",)
+PER_BATCH = ("xauc", "scalar")
+# The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
+LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
 # included), and NaN (a missing label) for the metric that counts those.
 REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
-LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "num_missing_labels": (0.0, 1.0, float("nan")),
+LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS, "num_missing_labels": (0.0, 1.0, float("nan")),
           "ndcg": (0.0, 0.5, 1.0)}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
@@ -133,7 +137,8 @@ COMPUTE_MODES = ("unfused", "fused")
 # A metric whose every case a standing known issue breaks is not drawn, one whose window values it breaks
 # has its lifetime values compared alone (known_broken.py reproduces each).
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
-KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW, "tensor_weighted_avg": TENSOR_WEIGHTED_AVG_WINDOW}
+KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW, "tensor_weighted_avg": TENSOR_WEIGHTED_AVG_WINDOW,
+                   "scalar": SCALAR_WINDOW}
 # A reported name a standing known issue drops: not compared while it stands (the known-broken case is).
 KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS,
                   ("hindsight_target_pr", "hindsight_target_pr"): HINDSIGHT_THRESHOLD_AS_SIZE}
