@@ -193,7 +193,11 @@ def test_a_survivors_second_round_takes_the_fastest_case_of_each_family_the_firs
     offsets = _case("sparse-ops", "jt.accessors: JTSpec(form='offsets')", 0.2)
     dense, dense_slow = _case("sparse-ops", "jt.to_dense: JTSpec(a)", 0.3), _case("sparse-ops", "jt.to_dense: JTSpec(b)", 0.05)
     reshard = _case("sharding", "dmp reshard-split [ebc] world_size=4", 3.0)
-    assert case_family(offsets) == "sparse-ops|jt.accessors" and case_family(reshard) == "sharding|dmp reshard-split"
+    assert case_family(offsets) == "sparse-ops|jt.accessors"
+    assert case_family(reshard) == "sharding|dmp reshard-split|world_size=4"
+    # The same metric on two ranks is a family of its own: it runs the states' reductions one rank skips.
+    one_rank, two_ranks = _case("metrics", "ne via module tasks=1", 0.1), _case("metrics", "ne via module world_size=2 tasks=1", 0.4)
+    assert second_round([one_rank, two_ranks], [one_rank], 10) == [two_ranks]
     candidates = [lengths, offsets, dense, dense_slow, reshard]
     # jt.accessors ran already: its other inputs wait; each new family sends its fastest case, fastest first.
     assert second_round(candidates, [lengths], 10) == [dense_slow, reshard]

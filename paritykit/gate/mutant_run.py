@@ -13,6 +13,7 @@ first through PYTHONPATH (the ranks inherit it). Outcomes:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,7 @@ KILLED, KILLED_BY_ERROR, TIMEOUT, SURVIVED, INCOMPETENT, EQUIVALENT = (
     "killed", "killed (error)", "killed (timeout)", "survived", "incompetent", "equivalent")
 KILLED_OUTCOMES = (KILLED, KILLED_BY_ERROR, TIMEOUT)
 IMPORT_TIMEOUT_S = 180.0
+WORLD_SIZE = re.compile(r"world_size=\d+")
 DETAIL_LINES = 6
 
 
@@ -99,9 +101,11 @@ def choose_cases(candidates: list[CoveredCase], limit: int, breadth: dict[str, i
 def case_family(case: CoveredCase) -> str:
     """What a case exercises, without its drawn inputs: the op or kind a case id names before its
     arguments (``jt.accessors`` of ``jt.accessors: JTSpec(...)``, ``dmp reshard-split`` of
-    ``dmp reshard-split [...] ...``)."""
+    ``dmp reshard-split [...] ...``), and the world size it names: the same op on several ranks runs the
+    reductions and collectives a single rank skips (a metric state's ``dist_reduce_fx``)."""
     head = case.case_id.split(":", 1)[0] if ":" in case.case_id[:60] else " ".join(case.case_id.split()[:2])
-    return f"{case.check}|{head}"
+    ranks = WORLD_SIZE.search(case.case_id)
+    return f"{case.check}|{head}" + (f"|{ranks.group(0)}" if ranks else "")
 
 
 def second_round(candidates: list[CoveredCase], ran: list[CoveredCase], limit: int) -> list[CoveredCase]:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
+from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
                                             SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
@@ -86,6 +86,7 @@ def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
 
 
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
+    """RecMetricModule built the trainer's way, or CPUOffloadedRecMetricModule (``via`` offloaded)."""
     from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
     from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum, ThroughputDef
 
@@ -95,6 +96,12 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
         rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **_constructor_arguments(spec)} or None)},
         throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
         compute_interval_steps=COMPUTE_INTERVAL_STEPS)
+    if spec.via in OFFLOADED:
+        from torchrec.metrics.cpu_offloaded_metric_module import CPUOffloadedRecMetricModule
+
+        offloaded = {"model_out_device": torch.device("cpu"), "update_batch_size": 1 if spec.via == "offloaded" else 10}
+        return generate_metric_module(CPUOffloadedRecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
+                                      my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"), module_kwargs=offloaded)
     return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
                                   my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"))
 
@@ -112,7 +119,7 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
 
 def _fed_metric(spec: MetricSpec, rank: int) -> Any:
     """The metric class or module after ``rank``'s stream (resumed where the spec says)."""
-    build = _metric_module if spec.via == "module" else _metric
+    build = _metric if spec.via == "class" else _metric_module
     metric, updates = build(spec, rank), 0
     for index, batch in enumerate(spec.streams()[rank]):
         if index == spec.resume_at:
@@ -122,7 +129,7 @@ def _fed_metric(spec: MetricSpec, rank: int) -> Any:
         preds, labels, weights = _tensors(spec, batch)
         fed = {"predictions": preds, "labels": labels, "weights": weights}
         before = {(what, task): tensor.clone() for what, tensors in fed.items() for task, tensor in tensors.items()}
-        if spec.via == "module":
+        if spec.via != "class":
             model_out = {}
             for t in range(spec.tasks):
                 task = TASK_NAMES[t]
@@ -174,6 +181,12 @@ def report_on_rank(spec: MetricSpec) -> dict[str, dict[str, float]]:
     rank = dist.get_rank()
     with _quiet():
         metric = _fed_metric(spec, rank)
+        if spec.via in OFFLOADED:  # its compute thread gathers the states; local ones once the worker is done
+            try:
+                reduced = metric.async_compute().resolve()
+                return {"reduced": numbers(reduced), "local": numbers(metric.local_compute())}
+            finally:
+                metric.shutdown()
         reports = {"local": numbers(metric.local_compute())}
         if spec.via == "module":
             fresh = _metric_module(spec, rank)
@@ -271,7 +284,7 @@ def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> 
     for rank, report in enumerate(reports):
         if rank and any(key.startswith(f"{namespace}-") for key in report["reduced"]):  # one that computes reports them too
             _compare(spec, report["reduced"], f"rank {rank}", every_value)
-        if spec.via == "module":
+        if spec.via != "class":
             _compare_examples(spec, report["reduced"], f"rank {rank}")
         compared += _compare(spec, report["local"], f"rank {rank}, local_compute()", every_value, key_prefix="local_",
                              ranks=(rank,))
@@ -340,8 +353,9 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         task = TASK_NAMES[t]
         streams = [[list(batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
         spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
-        # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only).
-        if spec.resume_at is not None or not (every_value or window_compared(spec.metric)):
+        # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only); a
+        # worker that merges queued batches holds other batches in its window, by its timing.
+        if spec.resume_at is not None or spec.via == "offloaded-merged" or not (every_value or window_compared(spec.metric)):
             del spans["window"]
         if spec.metric in LATEST_BATCH:  # each rank's latest batch (reduced by the mean over the ranks)
             spans["lifetime"] = [s for stream in streams for s in stream[-1]]

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
                                             NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
-                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
+                                            RECALIBRATED_NE_LOGLOSS, OFFLOADED_DROPS_ARGUMENTS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
                                             WEIGHTED_AVG_WINDOW, MetricSpec)
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
@@ -51,6 +51,16 @@ HINDSIGHT_SPEC = MetricSpec("hindsight_target_pr", 1, "unfused", 3, 3, ((((0.6, 
 
 # The same of ScalarMetric, the labels its values: the window holds the second batch, mean 0.75.
 SCALAR_SPEC = MetricSpec("scalar", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4, 0.5, 1.0)),), (((0.6, 0.5, 1.0), (0.8, 1.0, 1.0)),)))
+
+# NE with include_logloss through CPUOffloadedRecMetricModule on two ranks, one batch each: logloss missing.
+OFFLOADED_SPEC = MetricSpec("ne", 1, "unfused", 2, 4, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),), via="offloaded",
+                            rank_batches=(((((0.6, 1.0, 2.0), (0.1, 0.0, 1.0)),),),))
+
+# The ones that need a process group (a pool of two ranks): rule -> (what, spec).
+KNOWN_BROKEN_ON_RANKS: dict[str, tuple[str, MetricSpec]] = {
+    OFFLOADED_DROPS_ARGUMENTS: ("NEMetric with include_logloss=True through CPUOffloadedRecMetricModule on two ranks, "
+                                "against NE and logloss over both ranks' samples", OFFLOADED_SPEC),
+}
 
 KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     WEIGHTED_AVG_WINDOW: ("WeightedAvgMetric over two batches of two samples, a window of two, against the average of the "

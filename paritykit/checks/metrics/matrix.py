@@ -10,15 +10,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from paritykit.checks.metrics.cases import run_metric_case
-from paritykit.checks.metrics.known_broken import KNOWN_BROKEN
+from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
 from paritykit.checks.metrics.specs import drawn_metrics, metric_specs, pinned, pinned_on_ranks
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
 NAME = "metrics"
-# The metrics pinned on a pool: a ratio of sums (NE, calibration), a count (recall), the one that gathers
-# samples rather than sums (AUC) and the one its ranks average (scalar); the drawn property covers every metric.
-ON_RANKS_PINNED = ("ne", "calibration", "recall", "auc", "scalar")
+# Every metric is pinned on a pool too: each state's reduction over the ranks (dist_reduce_fx: sums, means,
+# gathered samples) shows only there, and the drawn property on a pool takes a fifth of the examples.
 CPU_ONLY = "the metrics check computes on CPU in this version (the formulas are device-independent)"
 
 
@@ -33,11 +32,19 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     # a pool costs a round trip to every rank: one property over every metric, a fifth of the examples.
     for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):
         pool = pools.get(world_size)
-        pinned_here = tuple(spec for metric in ON_RANKS_PINNED for spec in pinned_on_ranks(metric, world_size))
+        pinned_here = tuple(spec for metric in drawn_metrics() for spec in pinned_on_ranks(metric, world_size))
         results += run_property(NAME, st.sampled_from(sorted(drawn_metrics())).flatmap(lambda metric: metric_specs(metric, world_size)),
                                 lambda spec, pool=pool: run_metric_case(spec, pool),
                                 replace(config, examples=max(1, config.examples // 5)), case_id=lambda spec: spec.case_id(),
                                 explicit=pinned_here)
     for rule, (what, body) in KNOWN_BROKEN.items():
         results.append(run_case(NAME, f"known-broken {rule}: {what}", config, body))
+    for rule, (what, spec) in KNOWN_BROKEN_ON_RANKS.items():
+        pool = pools.get(spec.world_size) if pools is not None and spec.world_size in config.world_sizes else None
+        if pool is None:
+            results.append(CaseResult(NAME, f"known-broken {rule}: {what}", "skip", replay=config.replay(NAME),
+                                      message=f"needs a pool of {spec.world_size} ranks (--world-size includes {spec.world_size})"))
+            continue
+        results.append(run_case(NAME, f"known-broken {rule}: {what}", config,
+                                lambda spec=spec, pool=pool: run_metric_case(spec, pool)))
     return results

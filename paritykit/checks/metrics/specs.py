@@ -26,6 +26,10 @@ CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
 WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
 TENSOR_WEIGHTED_AVG_WINDOW = "tensor-weighted-avg-window-counts-updates"
 SCALAR_WINDOW = "scalar-window-counts-updates"
+# And one of torchrec 1.8 (fixed in 1.9.2): CPUOffloadedRecMetricModule's comms module rebuilds each metric
+# without its own arguments (include_logloss, a recalibration coefficient, NDCG's, ...) and computes with
+# their defaults.
+OFFLOADED_DROPS_ARGUMENTS = "offloaded-module-drops-metric-arguments"
 # And one more: RecalibratedNEMetric takes include_logloss, then NE's constructor sets it back to False, so
 # it never reports logloss.
 RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
@@ -117,6 +121,8 @@ SESSION_LEVEL = ("recall_session_level", "precision_session_level")
 SESSION_LEVEL_ARGUMENTS = {"top_threshold": (1, 2, 3), "run_ranking_of_labels": (False, True)}
 # The metrics with a target precision (the reference finds the threshold that reaches it).
 TARGETED = ("hindsight_target_pr",)
+# The metrics drawn with constructor arguments of their own (beyond METRICS' fixed ones).
+ARGUMENTED = ("recalibrated_ne", "recalibrated_calibration", "ndcg", "segmented_ne", "hindsight_target_pr")
 # The metrics that average a tensor of the model's outputs other than the predictions (a task's
 # ``tensor_name``, weighted or not): paritykit feeds 1 - p there, so that averaging p would show.
 TENSOR_AVERAGED = ("tensor_weighted_avg",)
@@ -134,6 +140,12 @@ SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "
 # RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
 MIN_BATCH = {"rauc": 2}
 COMPUTE_MODES = ("unfused", "fused")
+# CPUOffloadedRecMetricModule, whose worker thread updates the metrics and whose compute thread gathers
+# every rank's states: "offloaded" updates batch by batch (update_batch_size=1), "offloaded-merged" lets the
+# worker merge up to 10 queued batches into one update (its default), which changes which batches a window
+# holds with the thread's timing: its window is not compared. Neither is drawn resumed (its state_dict() is
+# the states gathered over every rank at the last compute, a different contract).
+OFFLOADED = ("offloaded", "offloaded-merged")
 # A metric whose every case a standing known issue breaks is not drawn, one whose window values it breaks
 # has its lifetime values compared alone (known_broken.py reproduces each).
 KEPT_OUT_WHOLE = {"cali_free_ne": CALI_FREE_NE_UNNORMALIZED}
@@ -249,18 +261,33 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
             batches.append(tuple(per_task))
         streams.append(tuple(batches))
     mode = compute_mode(metric, draw(st.sampled_from(COMPUTE_MODES)))
-    return MetricSpec(metric, tasks, mode, batch_size, window, streams[0],
-                      via=draw(_via(metric, tasks, mode)),
+    via = draw(_via(metric, tasks, mode, world_size))
+    resumable = metric not in NOT_CHECKPOINTED and count > 1 and via not in OFFLOADED
+    return MetricSpec(metric, tasks, mode, batch_size, window, streams[0], via=via,
                       rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
-                      resume_at=None if metric in NOT_CHECKPOINTED or count == 1 else draw(st.none() | st.integers(1, count - 1)),
+                      resume_at=draw(st.none() | st.integers(1, count - 1)) if resumable else None,
                       **_drawn_inputs(draw, metric, tasks, batch_size, mode))
 
 
-def _via(metric: str, tasks: int, mode: str) -> st.SearchStrategy:
-    """The metric class, or RecMetricModule where it can build the metric and a standing defect does not refuse it."""
+def _via(metric: str, tasks: int, mode: str, world_size: int) -> st.SearchStrategy:
+    """The metric class, or RecMetricModule where it can build the metric and a standing defect does not refuse it;
+    on several ranks also CPUOffloadedRecMetricModule (it starts its own gloo group: a process group is needed)."""
     refused = (metric in SESSION_IDS and mode == "fused" and tasks == 1
                and rule_kept_out(NDCG_FUSED_MODULE_ONE_TASK) is not None)
-    return st.just("class") if metric in SESSIONED or refused else st.sampled_from(("class", "module"))
+    if metric in SESSIONED or refused:
+        return st.just("class")
+    return st.sampled_from(("class", "module") + (offloaded_vias(metric) if world_size > 1 else ()))
+
+
+def offloaded_vias(metric: str) -> tuple[str, ...]:
+    """How CPUOffloadedRecMetricModule may run the metric here: merged updates only for a metric whose values
+    are sums over samples (merging batches joins NDCG's sessions, XAUC's pairs, a scalar's batches, and a
+    window of samples holds other samples); not at all for a metric with arguments of its own while the
+    1.8 defect that drops them stands."""
+    if rule_kept_out(OFFLOADED_DROPS_ARGUMENTS) is not None and (METRICS[metric][2] or metric in ARGUMENTED):
+        return ()
+    batch_structured = PER_BATCH + SESSION_IDS + SESSION_LEVEL + LATEST_BATCH + WINDOW_ONLY
+    return OFFLOADED if metric not in batch_structured else OFFLOADED[:1]
 
 
 def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mode: str) -> dict:
@@ -378,11 +405,18 @@ def _mirrored(stream: tuple) -> tuple:
     return tuple(tuple(tuple((round(1.001 - p, 4), l, w) for p, l, w in task) for task in batch) for batch in reversed(stream))
 
 
+# The metrics pinned on two ranks through CPUOffloadedRecMetricModule too (as offloaded_vias allows).
+OFFLOADED_PINNED = {"ne": ("offloaded",), "auc": ("offloaded",), "calibration": ("offloaded-merged",)}
+
+
 def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
-    """On two ranks, through RecMetricModule, tasks fused: rank 0 the pinned stream, rank 1 its mirror; a
-    window of 13 samples (7 a rank: two of its batches of 3)."""
+    """On two ranks, through RecMetricModule (and CPUOffloadedRecMetricModule for some), tasks fused: rank 0
+    the pinned stream, rank 1 its mirror; a window of 13 samples (7 a rank: two of its batches of 3)."""
     if world_size != 2:
         return ()
     stream = _stream(metric)
-    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 13, stream, via="module", rank_batches=(_mirrored(stream),),
-                       **_pinned_inputs(metric, 0)),)
+    if metric in SESSIONED:  # its class alone: sessions of two samples and one
+        return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=(_mirrored(stream),), sessions=(2, 1)),)
+    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 13, stream, via=via, rank_batches=(_mirrored(stream),),
+                            **_pinned_inputs(metric, 0))
+                 for via in ("module",) + tuple(v for v in OFFLOADED_PINNED.get(metric, ()) if v in offloaded_vias(metric)))
