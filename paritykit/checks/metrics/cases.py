@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED, SESSION_IDS, SESSIONED,
-                                            SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names, window_compared)
+from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
+                                            SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec,
+                                            compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
-                                            NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
-                                            RECALIBRATED_NE_LOGLOSS, OFFLOADED_DROPS_ARGUMENTS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
+                                            NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE, OFFLOADED_DROPS_ARGUMENTS,
+                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
                                             WEIGHTED_AVG_WINDOW, MetricSpec)
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.

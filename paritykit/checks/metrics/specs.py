@@ -108,8 +108,8 @@ LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
 # included), and NaN (a missing label) for the metric that counts those.
 REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
-LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS, "num_missing_labels": (0.0, 1.0, float("nan")),
-          "ndcg": (0.0, 0.5, 1.0)}
+LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS,
+          "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0)}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
 # The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
