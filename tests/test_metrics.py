@@ -10,10 +10,11 @@ import math
 import pytest
 
 from paritykit.checks import known_issues
-from paritykit.checks.metrics import reference
+from paritykit.checks.metrics import reference, reference_sessions
 from paritykit.checks.metrics.cases import TASK_NAMES, _compare, run_metric_case, torchrec_report
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
-from paritykit.checks.metrics.specs import MetricSpec, pinned, pinned_on_ranks
+from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
+from paritykit.checks.metrics.specs import MetricSpec
 from paritykit.checks.runner import GateConfig
 from paritykit.errors import ParityError
 from paritykit.gate.selftest import run_clean, run_plant
@@ -68,17 +69,17 @@ def test_the_newer_formulas_by_hand():
     # weight 3. Sessions [0.8] (its own ideal: 1 - 1, times 1) and [0.4 (l 1), 0.6 (l 0)] (by prediction 0, 1: DCG
     # 1/log2 3, ideal 1; times 3), over two sessions.
     defaults = {}
-    assert reference.ndcg(SAMPLES, 3, (7, 7, 7), False, defaults) == pytest.approx((1 - 1.5 / (1 + 1 / math.log2(3))) * 3)
-    assert reference.ndcg(SAMPLES, 3, (1, 2, 2), False, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3 / 2)
+    assert reference_sessions.ndcg(SAMPLES, 3, (7, 7, 7), False, defaults) == pytest.approx((1 - 1.5 / (1 + 1 / math.log2(3))) * 3)
+    assert reference_sessions.ndcg(SAMPLES, 3, (1, 2, 2), False, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3 / 2)
     # The session of one dropped on request; a negative task ranks 1 - p against 1 - l: 0.6 (l 0), 0.4 (l 1), 0.2 (l 0).
-    assert reference.ndcg(SAMPLES, 3, (1, 2, 2), False, {"remove_single_length_sessions": True}) == pytest.approx(
+    assert reference_sessions.ndcg(SAMPLES, 3, (1, 2, 2), False, {"remove_single_length_sessions": True}) == pytest.approx(
         (1 - 1 / math.log2(3)) * 3)
-    assert reference.ndcg(SAMPLES, 3, (7, 7, 7), True, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3)
+    assert reference_sessions.ndcg(SAMPLES, 3, (7, 7, 7), True, defaults) == pytest.approx((1 - 1 / math.log2(3)) * 3)
     # The tensor 1 - p: (0.2 * 1 + 0.6 * 3 + 0.4 * 2) / 6 by the weights, (0.2 + 0.6 + 0.4) / 3 plain.
     assert reference.tensor_weighted_avg(SAMPLES, True) == pytest.approx(2.8 / 6)
     assert reference.tensor_weighted_avg(SAMPLES, False) == pytest.approx(1.2 / 3)
     # Tied predictions of unequal labels: the order is the sort's, so undefined.
-    assert reference.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
+    assert reference_sessions.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
 
 
 def test_segmented_ne_compares_each_group_over_its_own_samples():

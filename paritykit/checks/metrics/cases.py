@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from paritykit.checks.metrics import reference
+from paritykit.checks.metrics import reference, reference_sessions
 from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
                                             SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec,
                                             compared_names, window_compared)
@@ -338,7 +338,8 @@ def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple
 
 
 def _value(name: str, samples: list, *extra: Any) -> float | None:
-    return getattr(reference, name)(samples, *extra) if _defined(name, samples) else None
+    formulas = reference_sessions if hasattr(reference_sessions, name) else reference
+    return getattr(formulas, name)(samples, *extra) if _defined(name, samples) else None
 
 
 def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False, key_prefix: str = "",

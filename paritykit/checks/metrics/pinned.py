@@ -1,0 +1,110 @@
+"""The metrics check's pinned cases: a fixed stream of three batches of two tasks (labels and inputs shaped
+for each metric), fused and unfused, through the class and RecMetricModule, resumed; and on two ranks,
+rank 1 the mirror of rank 0, through RecMetricModule and CPUOffloadedRecMetricModule."""
+
+from __future__ import annotations
+
+from paritykit.checks.known_issues import rule_kept_out
+from paritykit.checks.metrics.specs import (LABELS, NDCG_NEGATIVE_TASK_IN_PLACE, NOT_CHECKPOINTED, RECALIBRATED, RECALL_AT_THRESHOLD,
+                                            REGRESSION_LABELS, SEGMENTED, SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED,
+                                            TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, offloaded_vias)
+
+
+def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
+    return tuple(tuple(task) for task in tasks)
+
+
+# Always run: two tasks fused and unfused, a window that drops the first batch (7 and 6 samples of
+# batches of 3), zero weights, both labels, a prediction at the threshold (moved off it for recall
+# while the known defect stands).
+_STREAM = (
+    _batch([(0.9, 1.0, 1.0), (0.2, 0.0, 2.0), (0.6, 0.0, 0.5)], [(0.3, 1.0, 1.0), (0.8, 1.0, 0.0), (0.45, 0.0, 3.0)]),
+    _batch([(0.7, 0.0, 1.0), (0.4, 1.0, 1.0), (0.5, 1.0, 2.0)], [(0.1, 0.0, 2.0), (0.65, 1.0, 1.0), (0.25, 1.0, 0.5)]),
+    _batch([(0.35, 0.0, 3.0), (0.95, 1.0, 0.5), (0.05, 0.0, 1.0)], [(0.55, 0.0, 1.0), (0.15, 1.0, 2.0), (0.85, 1.0, 1.0)]),
+)
+
+
+def _off_threshold(stream: tuple) -> tuple:
+    return tuple(tuple(tuple((0.55 if p == THRESHOLD else p, l, w) for p, l, w in task) for task in batch) for batch in stream)
+
+
+def _relabelled(stream: tuple, label) -> tuple:
+    return tuple(tuple(tuple((p, label(p, l), w) for p, l, w in task) for task in batch) for batch in stream)
+
+
+def _stream(metric: str) -> tuple:
+    if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
+        return _off_threshold(_STREAM)
+    if LABELS.get(metric) == REGRESSION_LABELS:  # labels on the grid, near the predictions, some tied
+        return _relabelled(_STREAM, lambda p, l: round((l + p) * 2) / 4)
+    if metric == "num_missing_labels":  # the samples predicted below 0.3 have no label
+        return _relabelled(_STREAM, lambda p, l: float("nan") if p < 0.3 else l)
+    if metric in SESSION_IDS:  # graded labels, against the predictions' order in part
+        return _relabelled(_STREAM, lambda p, l: round((l + 1 - p) * 2) / 4)
+    return _STREAM
+
+
+def _pinned_inputs(metric: str, index: int) -> dict:
+    """The pinned cases' arguments (the fused case, the unfused one, the resumed one): a coefficient below 1
+    and above; NDCG's defaults with a negative task and sessions of two and one, every argument turned
+    (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch; segmented NE
+    over three groups (one without a sample) with logloss, two from float keys cast, one; the tensor average
+    with one task unweighted, then the other, then both weighted."""
+    if metric in RECALIBRATED:
+        return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
+    if metric in TENSOR_AVERAGED:
+        return {"unweighted_tasks": ((1,), (0,), ())[index]}
+    if metric in TARGETED:
+        return {"arguments": (("target_precision", (0.5, 0.75, 0.5)[index]),)}
+    if metric in SESSION_LEVEL:
+        return ({"sample_keys": (4, 1, 4), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", False))},
+                {"sample_keys": (0, 0, 0), "arguments": (("top_threshold", 2), ("run_ranking_of_labels", True))},
+                {"sample_keys": (1, 1, 2), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", True))})[index]
+    if metric in SEGMENTED:
+        return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
+                {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
+                {"sample_keys": (0, 0, 0), "arguments": (("num_groups", 1),)})[index]
+    if metric not in SESSION_IDS:
+        return {}
+    turned = (("exponential_gain", True), ("k", 2), ("report_ndcg_as_decreasing_curve", False),
+              ("remove_single_length_sessions", True), ("scale_by_weights_tensor", True))
+    unfused_negative = () if rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None else (0,)
+    return ({"sample_keys": (5, 2, 5), "negative_tasks": (1,)},
+            {"sample_keys": (3, 1, 3), "negative_tasks": unfused_negative, "arguments": turned},
+            {"sample_keys": (0, 0, 0), "arguments": (("exponential_gain", True), ("k", 1))})[index]
+
+
+def pinned(metric: str) -> tuple[MetricSpec, ...]:
+    stream = _stream(metric)
+    # Resumed from a checkpoint before the last batch, where torchrec checkpoints the metric's state.
+    resumed = () if metric in NOT_CHECKPOINTED else (2,)
+    if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
+        return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)),
+                *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
+    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 7, stream, **_pinned_inputs(metric, 0)),
+            MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module", **_pinned_inputs(metric, 1)),
+            *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r, **_pinned_inputs(metric, 2))
+              for r in resumed))
+
+
+def _mirrored(stream: tuple) -> tuple:
+    """Another rank's stream: the same labels and weights, predictions mirrored (1 - p, moved by 0.001
+    off every prediction of rank 0's grid), the batches reversed."""
+    return tuple(tuple(tuple((round(1.001 - p, 4), l, w) for p, l, w in task) for task in batch) for batch in reversed(stream))
+
+
+# The metrics pinned on two ranks through CPUOffloadedRecMetricModule too (as offloaded_vias allows).
+OFFLOADED_PINNED = {"ne": ("offloaded",), "auc": ("offloaded",), "calibration": ("offloaded-merged",)}
+
+
+def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
+    """On two ranks, through RecMetricModule (and CPUOffloadedRecMetricModule for some), tasks fused: rank 0
+    the pinned stream, rank 1 its mirror; a window of 13 samples (7 a rank: two of its batches of 3)."""
+    if world_size != 2:
+        return ()
+    stream = _stream(metric)
+    if metric in SESSIONED:  # its class alone: sessions of two samples and one
+        return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=(_mirrored(stream),), sessions=(2, 1)),)
+    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 13, stream, via=via, rank_batches=(_mirrored(stream),),
+                            **_pinned_inputs(metric, 0))
+                 for via in ("module",) + tuple(v for v in OFFLOADED_PINNED.get(metric, ()) if v in offloaded_vias(metric)))
