@@ -147,7 +147,7 @@ def _fed_metric(spec: MetricSpec, rank: int) -> Any:
     return metric
 
 
-def _compare_examples(spec: MetricSpec, report: dict[str, Any], who: str) -> int:
+def _compare_examples(spec: MetricSpec, report: dict[str, Any], who: str) -> None:
     """RecMetricModule's throughput counts: every batch given (every rank's batch size), and those since the
     resume (torchrec does not checkpoint the attempt's count)."""
     batches = len(spec.batches)
@@ -157,7 +157,6 @@ def _compare_examples(spec: MetricSpec, report: dict[str, Any], who: str) -> int
         if float(report[key]) != want:
             raise ParityError(f"{spec.metric} ({who}): {key} = {float(report[key]):g} after {counted} batches of "
                               f"{spec.batch_size} samples on each of {spec.world_size} ranks ({want})")
-    return 2
 
 
 def _expect_untouched(spec: MetricSpec, fed: dict, before: dict, batch: int) -> None:
@@ -232,8 +231,8 @@ def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
 
 
 def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name: str) -> float:
-    """The value torchrec names ``<metric>-<task>|<prefix>_<name>`` (the metric's namespace is its name):
-    the key is part of what users read, so another name fails too."""
+    """The value torchrec names ``<metric>-<task>|<prefix>_<name>`` (``metric``: the metric's namespace, its
+    name or NAMESPACES'): the key is part of what users read, so another name fails too."""
     key = f"{metric}-{task}|{prefix}_{name}"
     expect(key in report, f"the report has no {key} (it has {sorted(report)})")
     value = report[key]
