@@ -9,15 +9,18 @@ from typing import Iterator
 
 
 def quiet_known_noise() -> None:
-    """torchrec's per-module INFO/WARNING logs, torch's fx-tracing notice, deprecation notices, and
-    fbgemm's note that its dense TBE lookup has no autograd kernel registered (repeated on every
-    backward; the gradients are what the parity checks compare). Failures keep their tracebacks."""
+    """torchrec's per-module INFO/WARNING logs (the metrics' "NaN: no positive yet" among them), torch's
+    fx-tracing notice, deprecation notices, fbgemm's note that its dense TBE lookup has no autograd kernel
+    registered (repeated on every backward; the gradients are what the parity checks compare), and
+    torch.meshgrid's notice of a future default (XAUC calls it on every update). Failures keep their
+    tracebacks."""
     for name in ("torchrec", "torch.fx._symbolic_trace", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered.*")
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
+    warnings.filterwarnings("ignore", message=".*torch.meshgrid: in an upcoming release.*")
 
 
 @contextlib.contextmanager

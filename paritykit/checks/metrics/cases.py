@@ -11,11 +11,8 @@ window or task does.
 from __future__ import annotations
 
 import importlib
-import logging
 import math
-import warnings
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -58,22 +55,6 @@ def _mode(spec: MetricSpec) -> Any:
     return RecComputeMode.FUSED_TASKS_COMPUTATION if spec.compute_mode == "fused" else RecComputeMode.UNFUSED_TASKS_COMPUTATION
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """torchrec's metrics log a warning for each value they cannot define yet (NaN: no positive so far) and
-    XAUC's meshgrid warns of a future default: the check reads the values, and their warnings would drown
-    the gate's output."""
-    logger = logging.getLogger("torchrec.metrics")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.meshgrid")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def _metric(spec: MetricSpec, rank: int) -> Any:
     path, _, extra, _ = METRICS[spec.metric]
     module, name = path.rsplit(".", 1)
@@ -114,8 +95,7 @@ def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
     a fresh one, which takes the rest of the stream, as a resumed training job does; the lifetime values
     must then cover the whole stream (the states torchrec marks persistent are those it promises to
     checkpoint; its window buffers are not among them, so the window is not compared after a resume)."""
-    with _quiet():
-        return _fed_metric(spec, rank).compute()
+    return _fed_metric(spec, rank).compute()
 
 
 def _fed_metric(spec: MetricSpec, rank: int) -> Any:
@@ -179,20 +159,19 @@ def report_on_rank(spec: MetricSpec) -> dict[str, dict[str, float]]:
         return {k: float(v.reshape(-1)[0]) for k, v in report.items() if v.numel() == 1}
 
     rank = dist.get_rank()
-    with _quiet():
-        metric = _fed_metric(spec, rank)
-        if spec.via in OFFLOADED:  # its compute thread gathers the states; local ones once the worker is done
-            try:
-                reduced = metric.async_compute().resolve()
-                return {"reduced": numbers(reduced), "local": numbers(metric.local_compute())}
-            finally:
-                metric.shutdown()
-        reports = {"local": numbers(metric.local_compute())}
-        if spec.via == "module":
-            fresh = _metric_module(spec, rank)
-            fresh.load_pre_compute_states(metric.get_pre_compute_states())
-            reports["restored"] = numbers(fresh.local_compute())
-        reports["reduced"] = numbers(metric.compute())
+    metric = _fed_metric(spec, rank)
+    if spec.via in OFFLOADED:  # its compute thread gathers the states; local ones once the worker is done
+        try:
+            reduced = metric.async_compute().resolve()
+            return {"reduced": numbers(reduced), "local": numbers(metric.local_compute())}
+        finally:
+            metric.shutdown()
+    reports = {"local": numbers(metric.local_compute())}
+    if spec.via == "module":
+        fresh = _metric_module(spec, rank)
+        fresh.load_pre_compute_states(metric.get_pre_compute_states())
+        reports["restored"] = numbers(fresh.local_compute())
+    reports["reduced"] = numbers(metric.compute())
     return reports
 
 
