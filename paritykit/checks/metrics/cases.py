@@ -242,22 +242,22 @@ def run_metric_case(spec: MetricSpec, pool: Any = None, every_value: bool = Fals
     reduced values; other ranks may report nothing, or the same) is compared. ``every_value``: also the
     values a standing known issue keeps out of the draws (a known-broken case's)."""
     if spec.world_size == 1:
-        reports = [torchrec_report(spec)]
+        report = torchrec_report(spec)
+        compared = _compare(spec, report, "rank 0", every_value)
+        if spec.via == "module":
+            _compare_examples(spec, report, "rank 0")
     else:
         if pool is None or pool.world_size != spec.world_size:
             raise HarnessError(f"a metrics case of {spec.world_size} ranks needs a pool of that size")
-        return _compare_ranks(spec, pool.call(report_on_rank, (spec,), case=spec.case_id()), every_value)
-    compared = _compare(spec, reports[0], "rank 0", every_value)
-    if spec.via == "module":
-        _compare_examples(spec, reports[0], "rank 0")
+        compared = _compare_ranks(spec, pool.call(report_on_rank, (spec,), case=spec.case_id()), every_value)
     if compared == 0:
         raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
     return {"compared": compared}
 
 
-def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> dict[str, Any]:
+def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> int:
     """Rank 0's reduced values (another rank's too where it reports them) and restored ones over every rank's
-    samples; each rank's local values over its own."""
+    samples; each rank's local values over its own. How many values were compared."""
     compared = _compare(spec, reports[0]["reduced"], "rank 0", every_value)
     namespace = NAMESPACES.get(spec.metric, spec.metric)
     for rank, report in enumerate(reports):
@@ -270,9 +270,7 @@ def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> 
         if "restored" in report:
             compared += _compare(spec, report["restored"], f"rank {rank}, a module restored from get_pre_compute_states()",
                                  every_value, key_prefix="local_")
-    if compared == 0:
-        raise NothingCompared(f"every value of {spec.metric} is undefined on these samples (one label only, or no weight)")
-    return {"compared": compared}
+    return compared
 
 
 def _rounded_predictions_slack(formula: Any, samples: list, want: float) -> float:
@@ -341,10 +339,11 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
             spans["lifetime"] = [s for stream in streams for s in stream[-1]]
         elif spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]
+        formulas = _formulas(spec, t, names)
         for prefix, samples in spans.items():
             if spec.metric in RECALIBRATED:
                 samples = reference.recalibrated(samples, dict(spec.arguments)["recalibration_coefficient"])
-            for name, formula in _formulas(spec, t, names):
+            for name, formula in formulas:
                 want = formula(samples)
                 if want is None:  # undefined on these samples (_defined and reference.py say where)
                     continue

@@ -24,12 +24,17 @@ _STREAM = (
 )
 
 
+def _mapped(stream: tuple, sample) -> tuple:
+    """The stream with ``sample(p, l, w)`` in place of each sample."""
+    return tuple(tuple(tuple(sample(p, l, w) for p, l, w in task) for task in batch) for batch in stream)
+
+
 def _off_threshold(stream: tuple) -> tuple:
-    return tuple(tuple(tuple((0.55 if p == THRESHOLD else p, l, w) for p, l, w in task) for task in batch) for batch in stream)
+    return _mapped(stream, lambda p, l, w: (0.55 if p == THRESHOLD else p, l, w))
 
 
 def _relabelled(stream: tuple, label) -> tuple:
-    return tuple(tuple(tuple((p, label(p, l), w) for p, l, w in task) for task in batch) for batch in stream)
+    return _mapped(stream, lambda p, l, w: (p, label(p, l), w))
 
 
 def _stream(metric: str) -> tuple:
@@ -90,7 +95,7 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
 def _mirrored(stream: tuple) -> tuple:
     """Another rank's stream: the same labels and weights, predictions mirrored (1 - p, moved by 0.001
     off every prediction of rank 0's grid), the batches reversed."""
-    return tuple(tuple(tuple((round(1.001 - p, 4), l, w) for p, l, w in task) for task in batch) for batch in reversed(stream))
+    return _mapped(tuple(reversed(stream)), lambda p, l, w: (round(1.001 - p, 4), l, w))
 
 
 # The metrics pinned on two ranks through CPUOffloadedRecMetricModule too (as offloaded_vias allows).
