@@ -57,6 +57,7 @@ recent W samples.
 
 from __future__ import annotations
 
+import functools
 import math
 
 Sample = tuple[float, float, float]  # prediction, label, weight
@@ -289,8 +290,10 @@ def tensor_weighted_avg(samples: list[Sample], weighted: bool) -> float | None:
 HINDSIGHT_THRESHOLDS = 1000
 
 
-def _hindsight(samples: list[Sample], target: float) -> tuple[int, float, float]:
-    """(index, precision, recall) at the lowest threshold whose precision reaches ``target``."""
+@functools.lru_cache(maxsize=16)
+def _hindsight(samples: tuple[Sample, ...], target: float) -> tuple[int, float, float]:
+    """(index, precision, recall) at the lowest threshold whose precision reaches ``target``: 1000 thresholds
+    over the samples, computed once for the three values."""
     for i in range(HINDSIGHT_THRESHOLDS):
         tp, fp, fn = _confusion(samples, i / (HINDSIGHT_THRESHOLDS - 1))
         if _ratio(tp, tp + fp) >= target or i == HINDSIGHT_THRESHOLDS - 1:
@@ -299,15 +302,15 @@ def _hindsight(samples: list[Sample], target: float) -> tuple[int, float, float]
 
 
 def hindsight_target_pr(samples: list[Sample], target: float) -> float:
-    return float(_hindsight(samples, target)[0])
+    return float(_hindsight(tuple(samples), target)[0])
 
 
 def hindsight_target_precision(samples: list[Sample], target: float) -> float:
-    return _hindsight(samples, target)[1]
+    return _hindsight(tuple(samples), target)[1]
 
 
 def hindsight_target_recall(samples: list[Sample], target: float) -> float:
-    return _hindsight(samples, target)[2]
+    return _hindsight(tuple(samples), target)[2]
 
 
 def scalar(samples: list[Sample], batch_size: int) -> float:

@@ -299,21 +299,27 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
     if metric in TARGETED:
         return {"arguments": (("target_precision", draw(st.sampled_from(TARGET_PRECISIONS))),)}
     if metric in SESSION_LEVEL:
-        return {"arguments": tuple((k, draw(st.sampled_from(v))) for k, v in SESSION_LEVEL_ARGUMENTS.items()),
-                "sample_keys": tuple(draw(st.lists(st.integers(0, 2), min_size=batch_size, max_size=batch_size)))}
+        return {"arguments": _arguments(draw, SESSION_LEVEL_ARGUMENTS), "sample_keys": _keys(draw, batch_size, 3)}
     if metric in SEGMENTED:
-        arguments = tuple((k, draw(st.sampled_from(v))) for k, v in SEGMENTED_ARGUMENTS.items())
-        groups = dict(arguments)["num_groups"]
-        return {"arguments": arguments,
-                "sample_keys": tuple(draw(st.lists(st.integers(0, groups - 1), min_size=batch_size, max_size=batch_size)))}
+        arguments = _arguments(draw, SEGMENTED_ARGUMENTS)
+        return {"arguments": arguments, "sample_keys": _keys(draw, batch_size, dict(arguments)["num_groups"])}
     if metric not in SESSION_IDS:
         return {}
     # Negative tasks computed unfused write to the caller's tensors while that defect stands (known_broken.py).
     in_place = mode == "unfused" and rule_kept_out(NDCG_NEGATIVE_TASK_IN_PLACE) is not None
     negative = set() if in_place else draw(st.sets(st.integers(0, tasks - 1)))
-    return {"arguments": tuple((k, draw(st.sampled_from(v))) for k, v in NDCG_ARGUMENTS.items()),
-            "sample_keys": tuple(draw(st.lists(st.integers(0, 3), min_size=batch_size, max_size=batch_size))),
+    return {"arguments": _arguments(draw, NDCG_ARGUMENTS), "sample_keys": _keys(draw, batch_size, 4),
             "negative_tasks": tuple(sorted(negative))}
+
+
+def _arguments(draw: st.DrawFn, choices: dict[str, tuple]) -> tuple[tuple[str, Any], ...]:
+    """One drawn value of each argument, in the order ``choices`` lists them."""
+    return tuple((name, draw(st.sampled_from(values))) for name, values in choices.items())
+
+
+def _keys(draw: st.DrawFn, batch_size: int, count: int) -> tuple[int, ...]:
+    """A key among ``count`` for each sample of a batch (a session, a group)."""
+    return tuple(draw(st.lists(st.integers(0, count - 1), min_size=batch_size, max_size=batch_size)))
 
 
 def _sessions(batch_size: int) -> st.SearchStrategy:
