@@ -11,7 +11,7 @@ import pytest
 
 from paritykit.checks import known_issues
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.cases import TASK_NAMES, _compare, run_metric_case, torchrec_report
+from paritykit.checks.metrics.cases import TASK_NAMES, _compare, _value, run_metric_case, torchrec_report
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
 from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
 from paritykit.checks.metrics.specs import MetricSpec
@@ -93,6 +93,21 @@ def test_segmented_ne_compares_each_group_over_its_own_samples():
     assert run_metric_case(spec)["compared"] > 0
 
 
+def test_grouped_metrics_average_each_groups_value_and_a_report_over_all_samples_fails():
+    # Groups 0: (0.8 pos, 0.6 neg) ranked right, AUC 1; 1: (0.4 pos) alone, 0.5 (no pair): mean 0.75. RAUC of a group
+    # of one sample is undefined (no pair), so the grouped RAUC is.
+    keyed = [(*sample, key) for sample, key in zip(SAMPLES, (0, 1, 0))]
+    assert reference.grouped(reference.auc, keyed) == pytest.approx(0.75)
+    assert reference.grouped(lambda samples: _value("rauc", samples), keyed) is None
+    spec = pinned("grouped_auc")[0]
+    assert run_metric_case(spec)["compared"] > 0
+    report = dict(_torchrec_report(spec))
+    for task in TASK_NAMES:  # the AUC of every sample reported as the groups' mean
+        report[f"auc-{task}|window_grouped_auc"] = report[f"auc-{task}|window_auc"]
+    with pytest.raises(ParityError, match="grouped_auc"):
+        _compare(spec, report, "rank 0")
+
+
 def test_an_update_that_writes_to_its_inputs_fails_the_case(monkeypatch):
     from torchrec.metrics.ctr import CTRMetricComputation
 
@@ -148,7 +163,8 @@ def _torchrec_report(spec: MetricSpec) -> dict:
 
 
 PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc",
-                 "metric-states-not-checkpointed": "calibration", "recalibration-coefficient-inverted": "recalibrated_ne"}
+                 "metric-states-not-checkpointed": "calibration", "recalibration-coefficient-inverted": "recalibrated_ne",
+                 "grouped-auc-weights-groups-by-size": "grouped_auc"}
 # The pinned case that shows each plant: the unfused one through RecMetricModule, window 6 of batches of 3;
 # for the checkpoint plant, the one resumed before its last batch.
 PLANT_CASE = {"metric-states-not-checkpointed": 2}

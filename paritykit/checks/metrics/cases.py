@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.specs import (LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
+from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
                                             SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec,
                                             compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
@@ -60,7 +60,8 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
-               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **_constructor_arguments(spec))
+               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **_constructor_arguments(spec),
+               **({"fused_update_limit": spec.fused_updates} if spec.fused_updates else {}))
 
 
 def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
@@ -74,10 +75,10 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
 
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
-    config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(spec.metric): RecMetricDef(
+    config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(GROUPED.get(spec.metric, spec.metric)): RecMetricDef(
         rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **_constructor_arguments(spec)} or None)},
         throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
-        compute_interval_steps=COMPUTE_INTERVAL_STEPS)
+        compute_interval_steps=COMPUTE_INTERVAL_STEPS, fused_update_limit=spec.fused_updates)
     if spec.via in OFFLOADED:
         from torchrec.metrics.cpu_offloaded_metric_module import CPUOffloadedRecMetricModule
 
@@ -194,6 +195,8 @@ def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
     keys = torch.tensor(spec.sample_keys)
     if spec.metric in SEGMENTED:
         return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys}
+    if spec.metric in GROUPED:
+        return {"grouping_keys": keys}
     if spec.metric in SESSION_LEVEL:
         return {"session": keys}
     return {"session_id": keys.expand(spec.tasks, -1).contiguous() if spec.compute_mode == "fused" else keys}
@@ -234,6 +237,8 @@ def _defined(name: str, samples: list) -> bool:
         return weight > 0
     if name == "auprc":
         return pos > 0
+    if name == "rauc":  # over the pairs of the samples
+        return len(samples) > 1
     return True
 
 
@@ -287,6 +292,10 @@ def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple
     sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting, and segmented
     NE's groups (a value a group: ``segmented_ne_<g>``, ``logloss_<g>``) given to reference.py's."""
     arguments = dict(spec.arguments)
+    if spec.metric in GROUPED:  # samples keyed (_compare): the metric over them all, and its mean over their groups
+        base = GROUPED[spec.metric]
+        return [(name, lambda keyed, name=name: reference.grouped(lambda samples: _value(base, samples), keyed) if name == spec.metric
+                 else _value(name, [s[:3] for s in keyed])) for name in names]
     if spec.metric in SEGMENTED:
         keys = spec.sample_keys  # one key a sample of a batch, every batch alike
 
@@ -318,6 +327,22 @@ def _value(name: str, samples: list, *extra: Any) -> float | None:
     return getattr(formulas, name)(samples, *extra) if _defined(name, samples) else None
 
 
+def _fused(stream: list[list], fused_updates: int) -> list[list]:
+    """The batches the computation was fed: with fused_update_limit n, every n batches as one (the last ones
+    flushed by compute()); the window holds fused batches."""
+    if not fused_updates:
+        return stream
+    return [[s for batch in stream[i:i + fused_updates] for s in batch] for i in range(0, len(stream), fused_updates)]
+
+
+def _keyed(spec: MetricSpec, samples: tuple) -> list:
+    """A task's samples of a batch; a grouped metric's with each sample's group key after it (the window of
+    samples may start within a batch)."""
+    if spec.metric not in GROUPED:
+        return list(samples)
+    return [(*sample, key) for sample, key in zip(samples, spec.sample_keys)]
+
+
 def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False, key_prefix: str = "",
              ranks: tuple[int, ...] | None = None) -> int:
     """Each value of ``report`` (keys ``<metric>-<task>|<key_prefix><lifetime or window>_<name>``) against its
@@ -329,8 +354,8 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
     compared = 0
     for t in range(spec.tasks):
         task = TASK_NAMES[t]
-        streams = [[list(batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
-        spans = {"window": [s for stream in streams for s in holds(stream, local_window)]}
+        streams = [[_keyed(spec, batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
+        spans = {"window": [s for stream in streams for s in holds(_fused(stream, spec.fused_updates), local_window)]}
         # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only); a
         # worker that merges queued batches holds other batches in its window, by its timing.
         if spec.resume_at is not None or spec.via == "offloaded-merged" or not (every_value or window_compared(spec.metric)):

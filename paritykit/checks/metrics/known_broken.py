@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
-from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
+from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, FUSED_UPDATES_DROP_INPUTS, GROUPED_BATCH_OF_ONE,
+                                            GROUPED_ON_RANKS, GROUPED_WINDOW, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
                                             NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE, OFFLOADED_DROPS_ARGUMENTS,
                                             RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
                                             WEIGHTED_AVG_WINDOW, MetricSpec)
@@ -56,8 +57,29 @@ SCALAR_SPEC = MetricSpec("scalar", 1, "unfused", 2, 2, ((((0.2, 0.0, 1.0), (0.4,
 OFFLOADED_SPEC = MetricSpec("ne", 1, "unfused", 2, 4, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),), via="offloaded",
                             rank_batches=(((((0.6, 1.0, 2.0), (0.1, 0.0, 1.0)),),),))
 
+# Grouped AUC over two batches of two samples (groups 0 and 1), a window of two: compute() raises IndexError
+# (the keys keep three, the samples two); with batches of one sample, update() raises at the first batch.
+GROUPED_WINDOW_SPEC = MetricSpec("grouped_auc", 1, "unfused", 2, 2, ((((0.3, 0.0, 1.0), (0.8, 1.0, 1.0)),),
+                                                                     (((0.6, 1.0, 1.0), (0.1, 0.0, 1.0)),)), sample_keys=(0, 1))
+GROUPED_BATCH_OF_ONE_SPEC = MetricSpec("grouped_auc", 1, "unfused", 1, 10, ((((0.3, 0.0, 1.0),),), (((0.8, 1.0, 1.0),),)),
+                                       sample_keys=(0,))
+
+# Grouped AUPRC on two ranks, one batch each, groups 0 and 1: group 0 ranks its positives first (AUPRC 1), group 1
+# its negatives (5/12); torchrec averages in a third group of rank 1's padding sample, 0.472 instead of 0.708.
+GROUPED_ON_RANKS_SPEC = MetricSpec("grouped_auprc", 1, "unfused", 4, 100,
+                                   ((((0.1, 0.0, 1.0), (0.4, 1.0, 1.0), (0.35, 1.0, 1.0), (0.8, 0.0, 1.0)),),),
+                                   rank_batches=(((((0.11, 0.0, 1.0), (0.41, 1.0, 1.0), (0.36, 1.0, 1.0), (0.81, 0.0, 1.0)),),),),
+                                   sample_keys=(0, 1, 0, 1))
+
+# The tensor average (tensor 1 - p) over two batches of two samples, fused_update_limit=2: the fused update raises
+# that the required inputs given with each batch are missing.
+FUSED_UPDATES_SPEC = MetricSpec("tensor_weighted_avg", 1, "unfused", 2, 4, ((((0.2, 0.0, 1.0), (0.4, 1.0, 1.0)),),
+                                                                            (((0.6, 0.0, 1.0), (0.8, 1.0, 1.0)),)), fused_updates=2)
+
 # The ones that need a process group (a pool of two ranks): rule -> (what, spec).
 KNOWN_BROKEN_ON_RANKS: dict[str, tuple[str, MetricSpec]] = {
+    GROUPED_ON_RANKS: ("AUPRCMetric with grouped_auprc on two ranks, one batch of two groups each, against the mean of "
+                       "each group's AUPRC over both ranks' samples", GROUPED_ON_RANKS_SPEC),
     OFFLOADED_DROPS_ARGUMENTS: ("NEMetric with include_logloss=True through CPUOffloadedRecMetricModule on two ranks, "
                                 "against NE and logloss over both ranks' samples", OFFLOADED_SPEC),
 }
@@ -81,6 +103,13 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
                                   "lowest threshold reaching it", lambda: run_metric_case(HINDSIGHT_SPEC, every_value=True)),
     HINDSIGHT_FUSED: ("HindsightTargetPRMetric of one task computed fused over the same samples, against its precision "
                       "and recall at that threshold", lambda: run_metric_case(replace(HINDSIGHT_SPEC, compute_mode="fused"))),
+    GROUPED_WINDOW: ("AUCMetric with grouped_auc over two batches of two samples in two groups, a window of two, against "
+                     "AUC and the mean of each group's AUC over the last batch", lambda: run_metric_case(GROUPED_WINDOW_SPEC)),
+    GROUPED_BATCH_OF_ONE: ("AUCMetric with grouped_auc over two batches of one sample, against AUC and grouped AUC over both",
+                           lambda: run_metric_case(GROUPED_BATCH_OF_ONE_SPEC)),
+    FUSED_UPDATES_DROP_INPUTS: ("TensorWeightedAvgMetric with fused_update_limit=2 over two batches of two samples, against "
+                                "the weighted average of the tensor given with them",
+                                lambda: run_metric_case(FUSED_UPDATES_SPEC)),
     RECALL_AT_THRESHOLD: ("RecallMetric over two positives, one predicted at the 0.5 threshold, against TP / (TP + FN)",
                           lambda: run_metric_case(RECALL_SPEC, every_value=True)),
 }

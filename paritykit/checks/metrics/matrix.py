@@ -33,8 +33,8 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     # a pool costs a round trip to every rank: one property over every metric, a fifth of the examples.
     for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):
         pool = pools.get(world_size)
-        pinned_here = tuple(spec for metric in drawn_metrics() for spec in pinned_on_ranks(metric, world_size))
-        results += run_property(NAME, st.sampled_from(sorted(drawn_metrics())).flatmap(lambda metric: metric_specs(metric, world_size)),
+        pinned_here = tuple(spec for metric in drawn_metrics(world_size) for spec in pinned_on_ranks(metric, world_size))
+        results += run_property(NAME, st.sampled_from(sorted(drawn_metrics(world_size))).flatmap(lambda metric: metric_specs(metric, world_size)),
                                 lambda spec, pool=pool: run_metric_case(spec, pool),
                                 replace(config, examples=max(1, config.examples // 5)), case_id=lambda spec: spec.case_id(),
                                 explicit=pinned_here)

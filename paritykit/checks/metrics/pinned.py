@@ -5,9 +5,10 @@ rank 1 the mirror of rank 0, through RecMetricModule and CPUOffloadedRecMetricMo
 from __future__ import annotations
 
 from paritykit.checks.known_issues import rule_kept_out
-from paritykit.checks.metrics.specs import (LABELS, NDCG_NEGATIVE_TASK_IN_PLACE, NOT_CHECKPOINTED, RECALIBRATED, RECALL_AT_THRESHOLD,
+from paritykit.checks.metrics.specs import (GROUPED, LABELS, NDCG_NEGATIVE_TASK_IN_PLACE, NOT_CHECKPOINTED, RECALIBRATED, RECALL_AT_THRESHOLD,
                                             REGRESSION_LABELS, SEGMENTED, SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED,
-                                            TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, offloaded_vias)
+                                            TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias,
+                                            unpruned)
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -65,6 +66,8 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return ({"sample_keys": (4, 1, 4), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", False))},
                 {"sample_keys": (0, 0, 0), "arguments": (("top_threshold", 2), ("run_ranking_of_labels", True))},
                 {"sample_keys": (1, 1, 2), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", True))})[index]
+    if metric in GROUPED:
+        return ({"sample_keys": (0, 1, 0)}, {"sample_keys": (7, 3, 3)}, {"sample_keys": (1, 1, 1)})[index]
     if metric in SEGMENTED:
         return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
                 {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
@@ -86,10 +89,14 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
     if metric in SESSIONED:  # sessions of two samples and one (one of each task's without both labels), then one a batch
         return (MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1)), MetricSpec(metric, 2, "unfused", 3, 6, stream, sessions=(3,)),
                 *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
-    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 7, stream, **_pinned_inputs(metric, 0)),
-            MetricSpec(metric, 2, "unfused", 3, 6, stream, via="module", **_pinned_inputs(metric, 1)),
+    fused, unfused = (9, 9) if unpruned(metric) else (7, 6)  # the whole stream, or a window that drops a batch
+    return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, fused, stream, **_pinned_inputs(metric, 0)),
+            MetricSpec(metric, 2, "unfused", 3, unfused, stream, via="module", **_pinned_inputs(metric, 1)),
             *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r, **_pinned_inputs(metric, 2))
-              for r in resumed))
+              for r in resumed),
+            # Two batches fused into one update, then the last: the window of 6 holds that last update alone.
+            *((MetricSpec(metric, 2, "unfused", 3, unfused, stream, fused_updates=2, **_pinned_inputs(metric, 1)),)
+              if fused_updates_allowed(metric) else ()))
 
 
 def _mirrored(stream: tuple) -> tuple:
@@ -110,6 +117,6 @@ def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
     stream = _stream(metric)
     if metric in SESSIONED:  # its class alone: sessions of two samples and one
         return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=(_mirrored(stream),), sessions=(2, 1)),)
-    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 13, stream, via=via, rank_batches=(_mirrored(stream),),
+    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 18 if unpruned(metric) else 13, stream, via=via, rank_batches=(_mirrored(stream),),
                             **_pinned_inputs(metric, 0))
                  for via in ("module",) + tuple(v for v in OFFLOADED_PINNED.get(metric, ()) if v in offloaded_vias(metric)))

@@ -84,3 +84,22 @@ def recalibration_coefficient_inverted() -> ContextManager[None]:
         return predictions if calibration_coef is None else predictions / (predictions + (1.0 - predictions) * calibration_coef)
 
     return replaced(RecalibratedNEMetricComputation, "_recalibrate", lambda _original: recalibrate)
+
+
+@register("grouped-auc-weights-groups-by-size", check=CHECK)
+def grouped_auc_weights_groups_by_size() -> ContextManager[None]:
+    """Grouped AUC averages each group's AUC weighted by the group's samples, not one group one vote (the AUC of
+    every sample pooled in between)."""
+    from torchrec.metrics import auc
+
+    def per_group(n_tasks, predictions, labels, weights, grouping_keys):
+        preds, labs, wts = auc._concat_if_needed(predictions, labels, weights)
+        keys = grouping_keys[1:] if grouping_keys.numel() and grouping_keys[0] == -1 else grouping_keys
+        values = []
+        for p, l, w in zip(preds, labs, wts):
+            total = sum(auc._compute_auc_helper(p[keys == g], l[keys == g], w[keys == g]) * int((keys == g).sum())
+                        for g in torch.unique(keys))
+            values.append((total / keys.numel()).view(1).float())
+        return torch.cat(values)
+
+    return replaced(auc, "compute_auc_per_group", lambda _original: per_group)

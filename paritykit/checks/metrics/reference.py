@@ -44,6 +44,8 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     hindsight target PR = the index i of the lowest of 1000 thresholds t_i = i / 999 whose precision of
                   [p >= t_i] reaches the target precision (the last when none does), and that threshold's
                   precision and recall (0 where their denominator is)
+    grouped AUC, AUPRC, RAUC = over the groups of the samples held (a key a sample), the mean of the
+                  metric over each group's samples (undefined where a group's is)
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
 where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). RAUC and XAUC take labels in [0, 1] (a
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 Sample = tuple[float, float, float]  # prediction, label, weight
 THRESHOLD = 0.5
@@ -316,3 +319,12 @@ def hindsight_target_recall(samples: list[Sample], target: float) -> float:
 def scalar(samples: list[Sample], batch_size: int) -> float:
     means = [math.fsum(l for _, l, _ in samples[i:i + batch_size]) / batch_size for i in range(0, len(samples), batch_size)]
     return math.fsum(means) / len(means)
+
+
+def grouped(formula: Callable[[list[Sample]], float | None], keyed: list[tuple[float, float, float, int]]) -> float | None:
+    """The mean over the groups of the samples (each with its group key after it) of ``formula`` over each
+    group's; None (undefined) where a group's is, or where there is no sample."""
+    values = [formula([s[:3] for s in keyed if s[3] == key]) for key in sorted({s[3] for s in keyed})]
+    if not values or any(v is None for v in values):
+        return None
+    return math.fsum(values) / len(values)

@@ -43,6 +43,17 @@ NDCG_FUSED_MODULE_ONE_TASK = "ndcg-fused-module-one-task"
 # of that many elements; and computed fused it raises (its states are one row, not a row a task).
 HINDSIGHT_THRESHOLD_AS_SIZE = "hindsight-target-pr-threshold-as-tensor-size"
 HINDSIGHT_FUSED = "hindsight-target-pr-fused"
+# And two of the grouped AUC, AUPRC and RAUC (a value a group of samples, averaged): once the window drops
+# samples, AUC's and RAUC's grouping keys drop one fewer (the padding key is among those cut), so compute()
+# raises; and on several ranks every rank's padding key and sample are gathered and only the first removed
+# (AUC, RAUC raise; AUPRC averages in a group of the padding sample, AUPRC 0).
+GROUPED_WINDOW = "grouped-auc-window-misaligns-keys"
+GROUPED_ON_RANKS = "grouped-metrics-padding-on-every-rank"
+# And: they raise on a batch of one sample (its one key squeezed to a 0-d tensor).
+GROUPED_BATCH_OF_ONE = "grouped-metrics-batch-of-one"
+# And: with fused_update_limit, update() buffers the predictions, labels and weights and drops every other input
+# (required_inputs, GAUC's num_candidates), so each metric that needs one raises that it was not given.
+FUSED_UPDATES_DROP_INPUTS = "fused-update-limit-drops-required-inputs"
 THRESHOLD = 0.5
 
 # metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
@@ -87,20 +98,26 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "recall_session_level": ("torchrec.metrics.recall_session.RecallSessionMetric", ("recall_session_level",), {}, "batches"),
     "precision_session_level": ("torchrec.metrics.precision_session.PrecisionSessionMetric", ("precision_session_level",), {},
                                 "batches"),
+    "grouped_auc": ("torchrec.metrics.auc.AUCMetric", ("auc", "grouped_auc"), {"grouped_auc": True}, "samples"),
+    "grouped_auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc", "grouped_auprc"), {"grouped_auprc": True}, "samples"),
+    "grouped_rauc": ("torchrec.metrics.rauc.RAUCMetric", ("rauc", "grouped_rauc"), {"grouped_rauc": True}, "samples"),
 }
+# The metrics computed per group of samples too (a ``grouping_keys`` input: a key a sample), each by the
+# class of the metric it groups: grouped -> that metric (its RecMetricEnum member, its namespace).
+GROUPED = {"grouped_auc": "auc", "grouped_auprc": "auprc", "grouped_rauc": "rauc"}
 # The namespace a metric reports under, where it is not the metric's name.
-NAMESPACES = {"tensor_weighted_avg": "weighted_avg"}
+NAMESPACES = {"tensor_weighted_avg": "weighted_avg", **GROUPED}
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
-RANKING = ("auc", "auprc", "gauc", "ndcg")
+RANKING = ("auc", "auprc", "gauc", "ndcg", "grouped_auc", "grouped_auprc")
 # The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
 # of samples would be a large checkpoint), so that a resumed one has lost them: not drawn resumed.
-NOT_CHECKPOINTED = ("auc", "auprc", "rauc")
+NOT_CHECKPOINTED = ("auc", "auprc", "rauc", *GROUPED)
 # The metrics over sessions (``num_candidates``: consecutive samples of a batch), which RecMetricModule
 # cannot build (no RecMetricEnum member): run through their class alone.
 SESSIONED = ("gauc",)
 # The metrics that report their window only (AUPRC's lifetime value is a weighted average of the windows
 # seen at each compute() call, a history no formula over the samples gives).
-WINDOW_ONLY = ("auc", "auprc", "rauc")
+WINDOW_ONLY = ("auc", "auprc", "rauc", *GROUPED)
 # The metrics over the pairs of a batch: the reference is told the batch size.
 PER_BATCH = ("xauc", "scalar")
 # The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
@@ -108,7 +125,7 @@ LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
 # included), and NaN (a missing label) for the metric that counts those.
 REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
-LABELS = {"rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS,
+LABELS = {"rauc": REGRESSION_LABELS, "grouped_rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS,
           "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0)}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
@@ -138,8 +155,17 @@ TARGET_PRECISIONS = (0.3, 0.5, 0.75, 0.9)
 # which a group has wherever it has weight (its NE needs both labels; a pinned case goes without it).
 SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True)}
 # RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
-MIN_BATCH = {"rauc": 2}
+MIN_BATCH = {"rauc": 2, "grouped_rauc": 2}
+# And grouped, it divides by each group's pairs: every group of a batch two samples at least.
+PAIRED_GROUPS = ("grouped_rauc",)
+# The grouped metrics whose window is drawn never to drop a sample: while GROUPED_WINDOW stands, AUC and RAUC;
+# RAUC always (a group left with one sample in the window has no pair: torchrec divides by zero, undefined).
+UNPRUNED = {"grouped_auc": GROUPED_WINDOW, "grouped_rauc": None}
 COMPUTE_MODES = ("unfused", "fused")
+# fused_update_limit: updates buffered and fused into one of that many batches (unfused tasks only: torchrec refuses
+# both fusions at once). Not drawn for the metrics over a batch's pairs or its latest batch (a fused update is one
+# batch, by design), nor, while FUSED_UPDATES_DROP_INPUTS stands, for those given inputs beyond the samples.
+FUSED_UPDATE_LIMITS = (2, 3)
 # CPUOffloadedRecMetricModule, whose worker thread updates the metrics and whose compute thread gathers
 # every rank's states: "offloaded" updates batch by batch (update_batch_size=1), "offloaded-merged" lets the
 # worker merge up to 10 queued batches into one update (its default), which changes which batches a window
@@ -158,9 +184,23 @@ KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS,
 KEPT_OUT_FUSED = {"hindsight_target_pr": HINDSIGHT_FUSED}
 
 
-def drawn_metrics() -> tuple[str, ...]:
-    """The metrics the gate draws and pins on this stack."""
-    return tuple(m for m in METRICS if m not in KEPT_OUT_WHOLE or rule_kept_out(KEPT_OUT_WHOLE[m]) is None)
+def drawn_metrics(world_size: int = 1) -> tuple[str, ...]:
+    """The metrics the gate draws and pins on this stack, on one rank or a pool of ``world_size``."""
+    grouped_kept_out = world_size > 1 and rule_kept_out(GROUPED_ON_RANKS) is not None
+    return tuple(m for m in METRICS if (m not in KEPT_OUT_WHOLE or rule_kept_out(KEPT_OUT_WHOLE[m]) is None)
+                 and not (grouped_kept_out and m in GROUPED))
+
+
+def min_batch(metric: str) -> int:
+    """The fewest samples a batch of the metric is drawn with (MIN_BATCH; two for the grouped metrics while
+    GROUPED_BATCH_OF_ONE stands)."""
+    fewest = MIN_BATCH.get(metric, 1)
+    return max(fewest, 2) if metric in GROUPED and rule_kept_out(GROUPED_BATCH_OF_ONE) is not None else fewest
+
+
+def unpruned(metric: str) -> bool:
+    """Whether the metric's window must hold every sample of the stream (UNPRUNED says why)."""
+    return metric in UNPRUNED and (UNPRUNED[metric] is None or rule_kept_out(UNPRUNED[metric]) is not None)
 
 
 def compared_names(metric: str) -> tuple[str, ...]:
@@ -205,6 +245,8 @@ class MetricSpec:
     sample_keys: tuple[int, ...] = ()
     negative_tasks: tuple[int, ...] = ()
     unweighted_tasks: tuple[int, ...] = ()
+    # fused_update_limit: this many batches are buffered and fed to the computation as one (0: each batch).
+    fused_updates: int = 0
 
     @property
     def world_size(self) -> int:
@@ -223,6 +265,7 @@ class MetricSpec:
         ranks += f" sample_keys={list(self.sample_keys)}" if self.sample_keys else ""
         ranks += f" negative_tasks={list(self.negative_tasks)}" if self.negative_tasks else ""
         ranks += f" unweighted_tasks={list(self.unweighted_tasks)}" if self.unweighted_tasks else ""
+        ranks += f" fused_update_limit={self.fused_updates}" if self.fused_updates else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
@@ -230,10 +273,11 @@ class MetricSpec:
 @st.composite
 def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpec:
     tasks = draw(st.integers(1, 2))
-    batch_size = draw(st.integers(MIN_BATCH.get(metric, 1), 5))
+    batch_size = draw(st.integers(min_batch(metric), 5))
     count = draw(st.integers(1, 5))
     # torchrec needs a window of a batch at least on every rank (its local window is window / world size)
-    window = draw(st.integers(batch_size * world_size, batch_size * world_size * 6))
+    fewest = (count if unpruned(metric) else 1) * batch_size * world_size
+    window = draw(st.integers(fewest, max(fewest, batch_size * world_size * 6)))
     grid = [k / 20 for k in range(1, 20)]
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
@@ -266,7 +310,21 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     return MetricSpec(metric, tasks, mode, batch_size, window, streams[0], via=via,
                       rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
                       resume_at=draw(st.none() | st.integers(1, count - 1)) if resumable else None,
-                      **_drawn_inputs(draw, metric, tasks, batch_size, mode))
+                      **_drawn_inputs(draw, metric, tasks, batch_size, mode),
+                      fused_updates=draw(_fused_updates(metric, mode, via, batch_size * world_size, window)))
+
+
+def fused_updates_allowed(metric: str, mode: str = "unfused", via: str = "class") -> bool:
+    """Whether a fused_update_limit is drawn for the metric so computed (FUSED_UPDATE_LIMITS says why not)."""
+    inputs = SESSION_IDS + SEGMENTED + SESSION_LEVEL + TENSOR_AVERAGED + tuple(GROUPED) + SESSIONED
+    return not (mode != "unfused" or via in OFFLOADED or metric in PER_BATCH + LATEST_BATCH
+                or (metric in inputs and rule_kept_out(FUSED_UPDATES_DROP_INPUTS) is not None))
+
+
+def _fused_updates(metric: str, mode: str, via: str, samples_a_batch: int, window: int) -> st.SearchStrategy:
+    """0, or a fused_update_limit whose fused batch the window holds (a window smaller than one batch holds none)."""
+    allowed = fused_updates_allowed(metric, mode, via)
+    return st.sampled_from((0,) + tuple(n for n in FUSED_UPDATE_LIMITS if n * samples_a_batch <= window and allowed))
 
 
 def _via(metric: str, tasks: int, mode: str, world_size: int) -> st.SearchStrategy:
@@ -300,6 +358,8 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
         return {"arguments": (("target_precision", draw(st.sampled_from(TARGET_PRECISIONS))),)}
     if metric in SESSION_LEVEL:
         return {"arguments": _arguments(draw, SESSION_LEVEL_ARGUMENTS), "sample_keys": _keys(draw, batch_size, 3)}
+    if metric in GROUPED:
+        return {"sample_keys": _keys(draw, batch_size, 3, pairs=metric in PAIRED_GROUPS)}
     if metric in SEGMENTED:
         arguments = _arguments(draw, SEGMENTED_ARGUMENTS)
         return {"arguments": arguments, "sample_keys": _keys(draw, batch_size, dict(arguments)["num_groups"])}
@@ -317,9 +377,14 @@ def _arguments(draw: st.DrawFn, choices: dict[str, tuple]) -> tuple[tuple[str, A
     return tuple((name, draw(st.sampled_from(values))) for name, values in choices.items())
 
 
-def _keys(draw: st.DrawFn, batch_size: int, count: int) -> tuple[int, ...]:
-    """A key among ``count`` for each sample of a batch (a session, a group)."""
-    return tuple(draw(st.lists(st.integers(0, count - 1), min_size=batch_size, max_size=batch_size)))
+def _keys(draw: st.DrawFn, batch_size: int, count: int, pairs: bool = False) -> tuple[int, ...]:
+    """A key among ``count`` for each sample of a batch (a session, a group); with ``pairs``, a key held by one
+    sample alone is replaced by the most common one (every group two samples at least)."""
+    keys = draw(st.lists(st.integers(0, count - 1), min_size=batch_size, max_size=batch_size))
+    if pairs:
+        common = max(sorted(set(keys)), key=keys.count)
+        keys = [k if keys.count(k) > 1 else common for k in keys]
+    return tuple(keys)
 
 
 def _sessions(batch_size: int) -> st.SearchStrategy:
