@@ -78,6 +78,11 @@ def test_the_newer_formulas_by_hand():
     # The tensor 1 - p: (0.2 * 1 + 0.6 * 3 + 0.4 * 2) / 6 by the weights, (0.2 + 0.6 + 0.4) / 3 plain.
     assert reference.tensor_weighted_avg(SAMPLES, True) == pytest.approx(2.8 / 6)
     assert reference.tensor_weighted_avg(SAMPLES, False) == pytest.approx(1.2 / 3)
+    # Codes of three labels (bit i: label i): predicted 5 = {0, 2} against 3 = {0, 1} (weight 1), 1 = {0} against 0 (weight
+    # 2), 6 = {1, 2} against 6 (weight 1). Label 0 predicted twice, right once (1 of 3), label 1 once, right (1), label 2
+    # twice, right once (1 of 2).
+    codes = [(5.0, 3.0, 1.0), (1.0, 0.0, 2.0), (6.0, 6.0, 1.0)]
+    assert [reference.multi_label_precision(codes, i) for i in range(3)] == pytest.approx([1 / 3, 1.0, 0.5])
     # Tied predictions of unequal labels: the order is the sort's, so undefined.
     assert reference_sessions.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
+from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
                                             SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec,
                                             compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
@@ -296,6 +296,11 @@ def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple
         base = GROUPED[spec.metric]
         return [(name, lambda keyed, name=name: reference.grouped(lambda samples: _value(base, samples), keyed) if name == spec.metric
                  else _value(name, [s[:3] for s in keyed])) for name in names]
+    if spec.metric in ENCODED:  # a precision a label, named after it
+        labels = arguments["num_labels"]
+        names_of_labels = arguments.get("label_names") or tuple(f"label_{i}" for i in range(labels))
+        return [(f"{spec.metric}{names_of_labels[i]}", lambda samples, i=i: reference.multi_label_precision(samples, i))
+                for i in range(labels)]
     if spec.metric in SEGMENTED:
         keys = spec.sample_keys  # one key a sample of a batch, every batch alike
 

@@ -9,11 +9,12 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from paritykit.checks.metrics.cases import run_metric_case
-from paritykit.checks.metrics.specs import (CALI_FREE_NE_UNNORMALIZED, FUSED_UPDATES_DROP_INPUTS, GROUPED_BATCH_OF_ONE,
+from paritykit.checks.metrics.rules import (CALI_FREE_NE_UNNORMALIZED, FUSED_UPDATES_DROP_INPUTS, GROUPED_BATCH_OF_ONE,
                                             GROUPED_ON_RANKS, GROUPED_WINDOW, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
-                                            NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE, OFFLOADED_DROPS_ARGUMENTS,
-                                            RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD, SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW,
-                                            WEIGHTED_AVG_WINDOW, MetricSpec)
+                                            MULTI_LABEL_FUSED, NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
+                                            OFFLOADED_DROPS_ARGUMENTS, RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD,
+                                            SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW, WEIGHTED_AVG_WINDOW)
+from paritykit.checks.metrics.specs import MetricSpec
 
 # One positive predicted at the threshold, one predicted above it: recall 1, torchrec reports 2/3.
 RECALL_SPEC = MetricSpec("recall", 1, "unfused", 2, 2, (((( 0.5, 1.0, 1.0), (0.9, 1.0, 1.0)),),))
@@ -76,6 +77,12 @@ GROUPED_ON_RANKS_SPEC = MetricSpec("grouped_auprc", 1, "unfused", 4, 100,
 FUSED_UPDATES_SPEC = MetricSpec("tensor_weighted_avg", 1, "unfused", 2, 4, ((((0.2, 0.0, 1.0), (0.4, 1.0, 1.0)),),
                                                                             (((0.6, 0.0, 1.0), (0.8, 1.0, 1.0)),)), fused_updates=2)
 
+# Multi-label precision (three labels) of two tasks fused, one batch of two samples each: task a predicts label 0 right
+# and wrongly (1/2), task b label 1 right (1); torchrec reports task a over both tasks' samples and no task b.
+MULTI_LABEL_FUSED_SPEC = MetricSpec("multi_label_precision", 2, "fused", 2, 2, ((((1.0, 1.0, 1.0), (1.0, 2.0, 1.0)),
+                                                                               ((2.0, 2.0, 1.0), (6.0, 6.0, 1.0))),),
+                                    arguments=(("num_labels", 3),))
+
 # The ones that need a process group (a pool of two ranks): rule -> (what, spec).
 KNOWN_BROKEN_ON_RANKS: dict[str, tuple[str, MetricSpec]] = {
     GROUPED_ON_RANKS: ("AUPRCMetric with grouped_auprc on two ranks, one batch of two groups each, against the mean of "
@@ -110,6 +117,8 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
     FUSED_UPDATES_DROP_INPUTS: ("TensorWeightedAvgMetric with fused_update_limit=2 over two batches of two samples, against "
                                 "the weighted average of the tensor given with them",
                                 lambda: run_metric_case(FUSED_UPDATES_SPEC)),
+    MULTI_LABEL_FUSED: ("MultiLabelPrecisionMetric of two tasks computed fused over one batch each, against each task's "
+                        "precision of each label over its own samples", lambda: run_metric_case(MULTI_LABEL_FUSED_SPEC)),
     RECALL_AT_THRESHOLD: ("RecallMetric over two positives, one predicted at the 0.5 threshold, against TP / (TP + FN)",
                           lambda: run_metric_case(RECALL_SPEC, every_value=True)),
 }

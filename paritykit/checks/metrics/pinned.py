@@ -5,10 +5,10 @@ rank 1 the mirror of rank 0, through RecMetricModule and CPUOffloadedRecMetricMo
 from __future__ import annotations
 
 from paritykit.checks.known_issues import rule_kept_out
-from paritykit.checks.metrics.specs import (GROUPED, LABELS, NDCG_NEGATIVE_TASK_IN_PLACE, NOT_CHECKPOINTED, RECALIBRATED, RECALL_AT_THRESHOLD,
-                                            REGRESSION_LABELS, SEGMENTED, SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED,
-                                            TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias,
-                                            unpruned)
+from paritykit.checks.metrics.rules import NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
+from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LABELS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
+                                            SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, THRESHOLD,
+                                            MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias, unpruned)
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -45,6 +45,8 @@ def _stream(metric: str) -> tuple:
         return _relabelled(_STREAM, lambda p, l: round((l + p) * 2) / 4)
     if metric == "num_missing_labels":  # the samples predicted below 0.3 have no label
         return _relabelled(_STREAM, lambda p, l: float("nan") if p < 0.3 else l)
+    if metric in ENCODED:  # codes: the label's code the prediction's with bit 0 (positives) or bit 1 (negatives) flipped
+        return _mapped(_STREAM, lambda p, l, w: (float(int(p * 20) % 8), float((int(p * 20) % 8) ^ (1 if l else 2)), w))
     if metric in SESSION_IDS:  # graded labels, against the predictions' order in part
         return _relabelled(_STREAM, lambda p, l: round((l + 1 - p) * 2) / 4)
     return _STREAM
@@ -66,6 +68,9 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return ({"sample_keys": (4, 1, 4), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", False))},
                 {"sample_keys": (0, 0, 0), "arguments": (("top_threshold", 2), ("run_ranking_of_labels", True))},
                 {"sample_keys": (1, 1, 2), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", True))})[index]
+    if metric in ENCODED:
+        return ({"arguments": (("num_labels", 3),)}, {"arguments": (("num_labels", 2), ("label_names", ("cat", "dog")))},
+                {"arguments": (("num_labels", 1),)})[index]
     if metric in GROUPED:
         return ({"sample_keys": (0, 1, 0)}, {"sample_keys": (7, 3, 3)}, {"sample_keys": (1, 1, 1)})[index]
     if metric in SEGMENTED:
@@ -99,10 +104,11 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
               if fused_updates_allowed(metric) else ()))
 
 
-def _mirrored(stream: tuple) -> tuple:
+def _mirrored(stream: tuple, metric: str) -> tuple:
     """Another rank's stream: the same labels and weights, predictions mirrored (1 - p, moved by 0.001
-    off every prediction of rank 0's grid), the batches reversed."""
-    return _mapped(tuple(reversed(stream)), lambda p, l, w: (round(1.001 - p, 4), l, w))
+    off every prediction of rank 0's grid; a code's bits flipped), the batches reversed."""
+    mirror = (lambda p: 7.0 - p) if metric in ENCODED else (lambda p: round(1.001 - p, 4))
+    return _mapped(tuple(reversed(stream)), lambda p, l, w: (mirror(p), l, w))
 
 
 # The metrics pinned on two ranks through CPUOffloadedRecMetricModule too (as offloaded_vias allows).
@@ -115,8 +121,10 @@ def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
     if world_size != 2:
         return ()
     stream = _stream(metric)
+    others = (_mirrored(stream, metric),)
     if metric in SESSIONED:  # its class alone: sessions of two samples and one
-        return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=(_mirrored(stream),), sessions=(2, 1)),)
-    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 18 if unpruned(metric) else 13, stream, via=via, rank_batches=(_mirrored(stream),),
+        return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=others, sessions=(2, 1)),)
+    window = 18 if unpruned(metric) else 13  # the whole stream of each rank, or a window that drops a batch
+    return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, window, stream, via=via, rank_batches=others,
                             **_pinned_inputs(metric, 0))
                  for via in ("module",) + tuple(v for v in OFFLOADED_PINNED.get(metric, ()) if v in offloaded_vias(metric)))

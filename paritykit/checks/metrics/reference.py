@@ -46,6 +46,9 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   precision and recall (0 where their denominator is)
     grouped AUC, AUPRC, RAUC = over the groups of the samples held (a key a sample), the mean of the
                   metric over each group's samples (undefined where a group's is)
+    multi-label precision of label i = TP_i / (TP_i + FP_i) (0 when that is 0), p and l codes whose bit i
+                  (lowest first) says whether label i is predicted and whether it holds: TP_i = sum w*b_i(p)*b_i(l),
+                  FP_i = sum w*b_i(p)*(1-b_i(l))
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
 where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). RAUC and XAUC take labels in [0, 1] (a
@@ -328,3 +331,12 @@ def grouped(formula: Callable[[list[Sample]], float | None], keyed: list[tuple[f
     if not values or any(v is None for v in values):
         return None
     return math.fsum(values) / len(values)
+
+
+def multi_label_precision(samples: list[Sample], label: int) -> float:
+    def bit(code: float) -> int:
+        return (int(code) >> label) & 1
+
+    true_positives = math.fsum(w * bit(p) * bit(l) for p, l, w in samples)
+    predicted = math.fsum(w * bit(p) for p, _, w in samples)
+    return _ratio(true_positives, predicted)

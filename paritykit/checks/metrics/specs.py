@@ -14,46 +14,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from paritykit.checks.known_issues import rule_kept_out
+from paritykit.checks.metrics.rules import (CALI_FREE_NE_UNNORMALIZED, FUSED_UPDATES_DROP_INPUTS, GROUPED_BATCH_OF_ONE,
+                                            GROUPED_ON_RANKS, GROUPED_WINDOW, HINDSIGHT_FUSED, HINDSIGHT_THRESHOLD_AS_SIZE,
+                                            MULTI_LABEL_FUSED, NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE,
+                                            OFFLOADED_DROPS_ARGUMENTS, RECALIBRATED_NE_LOGLOSS, RECALL_AT_THRESHOLD,
+                                            SCALAR_WINDOW, TENSOR_WEIGHTED_AVG_WINDOW, WEIGHTED_AVG_WINDOW)
 
-# A known torchrec defect: RecallMetric counts a positive predicted exactly at the threshold both as a
-# true positive (p >= t) and as a false negative (p <= t) (known_broken.py reproduces it).
-RECALL_AT_THRESHOLD = "recall-threshold-counted-twice"
-# Another: CaliFreeNEMetric divides NE (already normalized) by an unnormalized cross entropy, so its value
-# scales with the inverse of the weights: every case of it fails while that stands.
-CALI_FREE_NE_UNNORMALIZED = "cali-free-ne-scales-with-weights"
-# And one of torchrec 1.8 (fixed in 1.9.2): WeightedAvgMetric's window counts updates, not samples, so
-# it drops no batch until it has seen window_size updates; TensorWeightedAvgMetric's alike.
-WEIGHTED_AVG_WINDOW = "weighted-avg-window-counts-updates"
-TENSOR_WEIGHTED_AVG_WINDOW = "tensor-weighted-avg-window-counts-updates"
-SCALAR_WINDOW = "scalar-window-counts-updates"
-# And one of torchrec 1.8 (fixed in 1.9.2): CPUOffloadedRecMetricModule's comms module rebuilds each metric
-# without its own arguments (include_logloss, a recalibration coefficient, NDCG's, ...) and computes with
-# their defaults.
-OFFLOADED_DROPS_ARGUMENTS = "offloaded-module-drops-metric-arguments"
-# And one more: RecalibratedNEMetric takes include_logloss, then NE's constructor sets it back to False, so
-# it never reports logloss.
-RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
-# And: NDCGMetric flips a negative task's predictions and labels in place, which in unfused computation are
-# views of the caller's tensors (the model's outputs).
-NDCG_NEGATIVE_TASK_IN_PLACE = "ndcg-negative-task-flips-inputs"
-# And: NDCG computed fused through RecMetricModule with one task takes no session_id (the module squeezes it to
-# one dimension, NDCG asserts the stacked predictions' two).
-NDCG_FUSED_MODULE_ONE_TASK = "ndcg-fused-module-one-task"
-# And two of HindsightTargetPRMetric: it reports the threshold as torch.Tensor(index), an uninitialized tensor
-# of that many elements; and computed fused it raises (its states are one row, not a row a task).
-HINDSIGHT_THRESHOLD_AS_SIZE = "hindsight-target-pr-threshold-as-tensor-size"
-HINDSIGHT_FUSED = "hindsight-target-pr-fused"
-# And two of the grouped AUC, AUPRC and RAUC (a value a group of samples, averaged): once the window drops
-# samples, AUC's and RAUC's grouping keys drop one fewer (the padding key is among those cut), so compute()
-# raises; and on several ranks every rank's padding key and sample are gathered and only the first removed
-# (AUC, RAUC raise; AUPRC averages in a group of the padding sample, AUPRC 0).
-GROUPED_WINDOW = "grouped-auc-window-misaligns-keys"
-GROUPED_ON_RANKS = "grouped-metrics-padding-on-every-rank"
-# And: they raise on a batch of one sample (its one key squeezed to a 0-d tensor).
-GROUPED_BATCH_OF_ONE = "grouped-metrics-batch-of-one"
-# And: with fused_update_limit, update() buffers the predictions, labels and weights and drops every other input
-# (required_inputs, GAUC's num_candidates), so each metric that needs one raises that it was not given.
-FUSED_UPDATES_DROP_INPUTS = "fused-update-limit-drops-required-inputs"
 THRESHOLD = 0.5
 
 # metric -> (torchrec class path, the names it reports, its constructor's extra arguments, window kind)
@@ -98,6 +64,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "recall_session_level": ("torchrec.metrics.recall_session.RecallSessionMetric", ("recall_session_level",), {}, "batches"),
     "precision_session_level": ("torchrec.metrics.precision_session.PrecisionSessionMetric", ("precision_session_level",), {},
                                 "batches"),
+    "multi_label_precision": ("torchrec.metrics.multi_label_precision.MultiLabelPrecisionMetric", ("multi_label_precision",), {},
+                              "batches"),
     "grouped_auc": ("torchrec.metrics.auc.AUCMetric", ("auc", "grouped_auc"), {"grouped_auc": True}, "samples"),
     "grouped_auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc", "grouped_auprc"), {"grouped_auprc": True}, "samples"),
     "grouped_rauc": ("torchrec.metrics.rauc.RAUCMetric", ("rauc", "grouped_rauc"), {"grouped_rauc": True}, "samples"),
@@ -123,10 +91,11 @@ PER_BATCH = ("xauc", "scalar")
 # The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
 LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
-# included), and NaN (a missing label) for the metric that counts those.
+# included), NaN (a missing label) for the metric that counts those, codes of three binary labels.
 REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
+CODES = tuple(float(code) for code in range(8))
 LABELS = {"rauc": REGRESSION_LABELS, "grouped_rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS,
-          "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0)}
+          "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0), "multi_label_precision": CODES}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
 # The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
@@ -139,7 +108,11 @@ SESSION_LEVEL_ARGUMENTS = {"top_threshold": (1, 2, 3), "run_ranking_of_labels": 
 # The metrics with a target precision (the reference finds the threshold that reaches it).
 TARGETED = ("hindsight_target_pr",)
 # The metrics drawn with constructor arguments of their own (beyond METRICS' fixed ones).
-ARGUMENTED = ("recalibrated_ne", "recalibrated_calibration", "ndcg", "segmented_ne", "hindsight_target_pr")
+ARGUMENTED = ("recalibrated_ne", "recalibrated_calibration", "ndcg", "segmented_ne", "hindsight_target_pr", "multi_label_precision")
+# The metrics whose predictions and labels are codes of several binary labels (CODES: bit i is label i, lowest
+# first; the bits above num_labels ignored): a precision a label, under its name (label_<i> or label_names').
+ENCODED = ("multi_label_precision",)
+LABEL_NAMES = ("cat", "dog", "horse")
 # The metrics that average a tensor of the model's outputs other than the predictions (a task's
 # ``tensor_name``, weighted or not): paritykit feeds 1 - p there, so that averaging p would show.
 TENSOR_AVERAGED = ("tensor_weighted_avg",)
@@ -181,7 +154,7 @@ KEPT_OUT_WINDOW = {"weighted_avg": WEIGHTED_AVG_WINDOW, "tensor_weighted_avg": T
 KEPT_OUT_NAMES = {("recalibrated_ne", "logloss"): RECALIBRATED_NE_LOGLOSS,
                   ("hindsight_target_pr", "hindsight_target_pr"): HINDSIGHT_THRESHOLD_AS_SIZE}
 # A metric a standing known issue breaks when its tasks are computed fused: drawn and pinned unfused.
-KEPT_OUT_FUSED = {"hindsight_target_pr": HINDSIGHT_FUSED}
+KEPT_OUT_FUSED = {"hindsight_target_pr": HINDSIGHT_FUSED, "multi_label_precision": MULTI_LABEL_FUSED}
 
 
 def drawn_metrics(world_size: int = 1) -> tuple[str, ...]:
@@ -281,7 +254,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     grid = [k / 20 for k in range(1, 20)]
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
-    prediction = st.sampled_from(grid) if metric not in RANKING else None
+    prediction = st.sampled_from(CODES if metric in ENCODED else grid) if metric not in RANKING else None
     weight = st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0))
     per_stream = count * batch_size
     distinct = None
@@ -358,6 +331,9 @@ def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mod
         return {"arguments": (("target_precision", draw(st.sampled_from(TARGET_PRECISIONS))),)}
     if metric in SESSION_LEVEL:
         return {"arguments": _arguments(draw, SESSION_LEVEL_ARGUMENTS), "sample_keys": _keys(draw, batch_size, 3)}
+    if metric in ENCODED:  # num_labels, and the labels' names or their default ones
+        labels = draw(st.integers(1, len(LABEL_NAMES)))
+        return {"arguments": (("num_labels", labels),) + draw(st.sampled_from(((), (("label_names", LABEL_NAMES[:labels]),))))}
     if metric in GROUPED:
         return {"sample_keys": _keys(draw, batch_size, 3, pairs=metric in PAIRED_GROUPS)}
     if metric in SEGMENTED:
