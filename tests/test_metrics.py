@@ -11,7 +11,8 @@ import pytest
 
 from paritykit.checks import known_issues
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.cases import TASK_NAMES, _compare, _value, run_metric_case, torchrec_report
+from paritykit.checks.metrics.cases import TASK_NAMES, _compare, run_metric_case, torchrec_report
+from paritykit.checks.metrics.formulas import value
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
 from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
 from paritykit.checks.metrics.specs import MetricSpec
@@ -83,6 +84,11 @@ def test_the_newer_formulas_by_hand():
     # twice, right once (1 of 2).
     codes = [(5.0, 3.0, 1.0), (1.0, 0.0, 2.0), (6.0, 6.0, 1.0)]
     assert [reference.multi_label_precision(codes, i) for i in range(3)] == pytest.approx([1 / 3, 1.0, 0.5])
+    # Three classes: order 0 is (0, 1, 2), order 3 is (1, 2, 0) (lexicographic), order 5 is (2, 1, 0). Labels 2 (weight 1,
+    # order 0: third), 1 (weight 2, order 3: first), 0 (weight 1, order 5: third): recall at 1 is 2/4, at 2 still 2/4, at 3 1.
+    assert reference.class_ranking(3.0, 3) == (1, 2, 0) and reference.class_scores(3.0, 3) == [0.25, 0.75, 0.5]
+    ranked = [(0.0, 2.0, 1.0), (3.0, 1.0, 2.0), (5.0, 0.0, 1.0)]
+    assert [reference.multiclass_recall(ranked, k, 3) for k in (1, 2, 3)] == pytest.approx([0.5, 0.5, 1.0])
     # Tied predictions of unequal labels: the order is the sort's, so undefined.
     assert reference_sessions.ndcg([(0.5, 1.0, 1.0), (0.5, 0.0, 1.0)], 2, (0, 0), False, defaults) is None
 
@@ -103,7 +109,7 @@ def test_grouped_metrics_average_each_groups_value_and_a_report_over_all_samples
     # of one sample is undefined (no pair), so the grouped RAUC is.
     keyed = [(*sample, key) for sample, key in zip(SAMPLES, (0, 1, 0))]
     assert reference.grouped(reference.auc, keyed) == pytest.approx(0.75)
-    assert reference.grouped(lambda samples: _value("rauc", samples), keyed) is None
+    assert reference.grouped(lambda samples: value("rauc", samples), keyed) is None
     spec = pinned("grouped_auc")[0]
     assert run_metric_case(spec)["compared"] > 0
     report = dict(_torchrec_report(spec))

@@ -11,15 +11,15 @@ window or task does.
 from __future__ import annotations
 
 import importlib
-import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LATEST_BATCH, METRICS, NAMESPACES, OFFLOADED, PER_BATCH, RECALIBRATED, SEGMENTED,
-                                            SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec,
-                                            compared_names, window_compared)
+from paritykit.checks.metrics import reference
+from paritykit.checks.metrics.formulas import formulas_of, fused_batches, keyed, rounded_predictions_slack
+from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, MULTICLASS, NAMESPACES, OFFLOADED, RECALIBRATED,
+                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names,
+                                            window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -156,8 +156,8 @@ def report_on_rank(spec: MetricSpec) -> dict[str, dict[str, float]]:
     and reduced, as a job hands them to another process), which covers every rank's samples again."""
     import torch.distributed as dist
 
-    def numbers(report: dict) -> dict[str, float]:
-        return {k: float(v.reshape(-1)[0]) for k, v in report.items() if v.numel() == 1}
+    def numbers(report: dict) -> dict[str, float | list[float]]:
+        return {k: float(v.reshape(-1)[0]) if v.numel() == 1 else _listed(v) for k, v in report.items()}
 
     rank = dist.get_rank()
     metric = _fed_metric(spec, rank)
@@ -203,10 +203,12 @@ def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
 
 
 def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
+    """Each task's predictions (a score a class of a multiclass metric's: a row a sample), labels and weights."""
     preds, labels, weights = {}, {}, {}
+    classes = dict(spec.arguments).get("number_of_classes") if spec.metric in MULTICLASS else None
     for t, samples in enumerate(batch):
         name = TASK_NAMES[t]
-        preds[name] = torch.tensor([p for p, _, _ in samples], dtype=torch.float32)
+        preds[name] = torch.tensor([reference.class_scores(p, classes) if classes else p for p, _, _ in samples], dtype=torch.float32)
         labels[name] = torch.tensor([l for _, l, _ in samples], dtype=torch.float32)
         weights[name] = torch.tensor([w for _, _, w in samples], dtype=torch.float32)
     return preds, labels, weights
@@ -214,32 +216,27 @@ def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
 
 def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name: str) -> float:
     """The value torchrec names ``<metric>-<task>|<prefix>_<name>`` (``metric``: the metric's namespace, its
-    name or NAMESPACES'): the key is part of what users read, so another name fails too."""
+    name or NAMESPACES'; ``name[k]``: the k-th of a vector's values): the key is part of what users read, so
+    another name fails too."""
+    name, _, index = name.partition("[")
     key = f"{metric}-{task}|{prefix}_{name}"
     expect(key in report, f"the report has no {key} (it has {sorted(report)})")
-    value = report[key]
-    if isinstance(value, float):
+    values = _listed(report[key])
+    if not index:
+        expect(len(values) == 1, f"{key} holds {len(values)} values, not one")
+        return values[0]
+    k = int(index.rstrip("]"))
+    expect(k < len(values), f"{key} holds {len(values)} values, no value {k}")
+    return values[k]
+
+
+def _listed(value: Any) -> list[float]:
+    """A reported value as a list of numbers (a tensor of torchrec's, a number or list a rank sent back)."""
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, list):
         return value
-    expect(value.numel() == 1, f"{key} holds {value.numel()} values, not one")
-    return float(value.reshape(-1)[0])
-
-
-def _defined(name: str, samples: list) -> bool:
-    """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight,
-    the weighted average and AUPRC by the weight and by the positives' weight: undefined (torchrec
-    returns a clamped, infinite or NaN value) when those are zero."""
-    weight, pos, neg = reference.sums(samples)
-    if name in ("ne", "ne_positive", "cali_free_ne"):
-        return pos > 0 and neg > 0
-    if name == "unweighted_ne":
-        return 0 < sum(l for _, l, _ in samples) < len(samples)
-    if name in ("logloss", "weighted_avg"):
-        return weight > 0
-    if name == "auprc":
-        return pos > 0
-    if name == "rauc":  # over the pairs of the samples
-        return len(samples) > 1
-    return True
+    return [float(v) for v in value.reshape(-1)]
 
 
 def run_metric_case(spec: MetricSpec, pool: Any = None, every_value: bool = False) -> dict[str, Any]:
@@ -278,76 +275,6 @@ def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> 
     return compared
 
 
-def _rounded_predictions_slack(formula: Any, samples: list, want: float) -> float:
-    """How far the formula moves when each prediction is off by 8 float32 roundings of itself: torchrec
-    recalibrates in float32 (four operations), and near 1 a prediction's rounding is a large part of
-    1 - p, whose log NE takes."""
-    slack = 8 * unit_roundoff(torch.float32)
-    return math.fsum(abs(formula(samples[:i] + [(p * (1 - slack), l, w)] + samples[i + 1:]) - want)
-                     for i, (p, l, w) in enumerate(samples))
-
-
-def _formulas(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple[str, Callable[[list], float | None]]]:
-    """Each compared value's name and its formula over the samples it holds (None where undefined): GAUC's
-    sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting, and segmented
-    NE's groups (a value a group: ``segmented_ne_<g>``, ``logloss_<g>``) given to reference.py's."""
-    arguments = dict(spec.arguments)
-    if spec.metric in GROUPED:  # samples keyed (_compare): the metric over them all, and its mean over their groups
-        base = GROUPED[spec.metric]
-        return [(name, lambda keyed, name=name: reference.grouped(lambda samples: _value(base, samples), keyed) if name == spec.metric
-                 else _value(name, [s[:3] for s in keyed])) for name in names]
-    if spec.metric in ENCODED:  # a precision a label, named after it
-        labels = arguments["num_labels"]
-        names_of_labels = arguments.get("label_names") or tuple(f"label_{i}" for i in range(labels))
-        return [(f"{spec.metric}{names_of_labels[i]}", lambda samples, i=i: reference.multi_label_precision(samples, i))
-                for i in range(labels)]
-    if spec.metric in SEGMENTED:
-        keys = spec.sample_keys  # one key a sample of a batch, every batch alike
-
-        def of_group(name: str, group: int) -> Callable[[list], float | None]:
-            base = "ne" if name == "segmented_ne" else name
-            return lambda samples: _value(base, [s for i, s in enumerate(samples) if keys[i % len(keys)] == group])
-
-        return [(f"{name}_{g}", of_group(name, g)) for g in range(arguments["num_groups"]) for name in names
-                if name != "logloss" or arguments.get("include_logloss")]
-    if spec.metric in SESSION_IDS:
-        extra = (spec.batch_size, spec.sample_keys, task in spec.negative_tasks, arguments)
-    elif spec.metric in SESSIONED:
-        extra = (spec.sessions,)
-    elif spec.metric in PER_BATCH:
-        extra = (spec.batch_size,)
-    elif spec.metric in SESSION_LEVEL:
-        extra = (spec.batch_size, spec.sample_keys, arguments)
-    elif spec.metric in TARGETED:
-        extra = (arguments["target_precision"],)
-    elif spec.metric in TENSOR_AVERAGED:
-        return [(name, lambda samples: reference.tensor_weighted_avg(samples, task not in spec.unweighted_tasks)) for name in names]
-    else:
-        extra = ()
-    return [(name, lambda samples, name=name: _value(name, samples, *extra)) for name in names]
-
-
-def _value(name: str, samples: list, *extra: Any) -> float | None:
-    formulas = reference_sessions if hasattr(reference_sessions, name) else reference
-    return getattr(formulas, name)(samples, *extra) if _defined(name, samples) else None
-
-
-def _fused(stream: list[list], fused_updates: int) -> list[list]:
-    """The batches the computation was fed: with fused_update_limit n, every n batches as one (the last ones
-    flushed by compute()); the window holds fused batches."""
-    if not fused_updates:
-        return stream
-    return [[s for batch in stream[i:i + fused_updates] for s in batch] for i in range(0, len(stream), fused_updates)]
-
-
-def _keyed(spec: MetricSpec, samples: tuple) -> list:
-    """A task's samples of a batch; a grouped metric's with each sample's group key after it (the window of
-    samples may start within a batch)."""
-    if spec.metric not in GROUPED:
-        return list(samples)
-    return [(*sample, key) for sample, key in zip(samples, spec.sample_keys)]
-
-
 def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bool = False, key_prefix: str = "",
              ranks: tuple[int, ...] | None = None) -> int:
     """Each value of ``report`` (keys ``<metric>-<task>|<key_prefix><lifetime or window>_<name>``) against its
@@ -359,8 +286,8 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
     compared = 0
     for t in range(spec.tasks):
         task = TASK_NAMES[t]
-        streams = [[_keyed(spec, batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
-        spans = {"window": [s for stream in streams for s in holds(_fused(stream, spec.fused_updates), local_window)]}
+        streams = [[keyed(spec, batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
+        spans = {"window": [s for stream in streams for s in holds(fused_batches(stream, spec.fused_updates), local_window)]}
         # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only); a
         # worker that merges queued batches holds other batches in its window, by its timing.
         if spec.resume_at is not None or spec.via == "offloaded-merged" or not (every_value or window_compared(spec.metric)):
@@ -369,18 +296,18 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
             spans["lifetime"] = [s for stream in streams for s in stream[-1]]
         elif spec.metric not in WINDOW_ONLY:
             spans["lifetime"] = [s for stream in streams for b in stream for s in b]
-        formulas = _formulas(spec, t, names)
+        held_to = formulas_of(spec, t, names)
         for prefix, samples in spans.items():
             if spec.metric in RECALIBRATED:
                 samples = reference.recalibrated(samples, dict(spec.arguments)["recalibration_coefficient"])
-            for name, formula in formulas:
+            for name, formula in held_to:
                 want = formula(samples)
-                if want is None:  # undefined on these samples (_defined and reference.py say where)
+                if want is None:  # undefined on these samples (formulas.defined and reference.py say where)
                     continue
                 got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task, key_prefix + prefix, name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if spec.metric in RECALIBRATED:
-                    bound += _rounded_predictions_slack(formula, samples, want)
+                    bound += rounded_predictions_slack(formula, samples, want)
                 if not abs(got - want) <= bound:
                     raise ParityError(
                         f"{spec.metric} ({who}): task {task} {prefix} {name} = {got:.9g}, the formula over the {len(samples)} "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from paritykit.checks.known_issues import rule_kept_out
 from paritykit.checks.metrics.rules import NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
-from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LABELS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
+from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LABELS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
                                             SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, THRESHOLD,
                                             MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias, unpruned)
 
@@ -45,6 +45,8 @@ def _stream(metric: str) -> tuple:
         return _relabelled(_STREAM, lambda p, l: round((l + p) * 2) / 4)
     if metric == "num_missing_labels":  # the samples predicted below 0.3 have no label
         return _relabelled(_STREAM, lambda p, l: float("nan") if p < 0.3 else l)
+    if metric in MULTICLASS:  # an order of the classes a sample; its label class 0 or 1
+        return _mapped(_STREAM, lambda p, l, w: (float(int(p * 20) % 24), l, w))
     if metric in ENCODED:  # codes: the label's code the prediction's with bit 0 (positives) or bit 1 (negatives) flipped
         return _mapped(_STREAM, lambda p, l, w: (float(int(p * 20) % 8), float((int(p * 20) % 8) ^ (1 if l else 2)), w))
     if metric in SESSION_IDS:  # graded labels, against the predictions' order in part
@@ -68,6 +70,8 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return ({"sample_keys": (4, 1, 4), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", False))},
                 {"sample_keys": (0, 0, 0), "arguments": (("top_threshold", 2), ("run_ranking_of_labels", True))},
                 {"sample_keys": (1, 1, 2), "arguments": (("top_threshold", 1), ("run_ranking_of_labels", True))})[index]
+    if metric in MULTICLASS:
+        return {"arguments": (("number_of_classes", (3, 4, 2)[index]),)}
     if metric in ENCODED:
         return ({"arguments": (("num_labels", 3),)}, {"arguments": (("num_labels", 2), ("label_names", ("cat", "dog")))},
                 {"arguments": (("num_labels", 1),)})[index]
@@ -107,7 +111,8 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
 def _mirrored(stream: tuple, metric: str) -> tuple:
     """Another rank's stream: the same labels and weights, predictions mirrored (1 - p, moved by 0.001
     off every prediction of rank 0's grid; a code's bits flipped), the batches reversed."""
-    mirror = (lambda p: 7.0 - p) if metric in ENCODED else (lambda p: round(1.001 - p, 4))
+    mirror = ((lambda p: 7.0 - p) if metric in ENCODED else (lambda p: float((int(p) + 5) % 24)) if metric in MULTICLASS
+              else (lambda p: round(1.001 - p, 4)))
     return _mapped(tuple(reversed(stream)), lambda p, l, w: (mirror(p), l, w))
 
 

@@ -49,6 +49,8 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
     multi-label precision of label i = TP_i / (TP_i + FP_i) (0 when that is 0), p and l codes whose bit i
                   (lowest first) says whether label i is predicted and whether it holds: TP_i = sum w*b_i(p)*b_i(l),
                   FP_i = sum w*b_i(p)*(1-b_i(l))
+    multiclass recall at k = the weight of the samples whose label is among the k classes of the highest
+                  scores, over every sample's weight (undefined when that is 0), for k = 1 .. the classes
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
 where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). RAUC and XAUC take labels in [0, 1] (a
@@ -63,6 +65,7 @@ recent W samples.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable
 
@@ -340,3 +343,25 @@ def multi_label_precision(samples: list[Sample], label: int) -> float:
     true_positives = math.fsum(w * bit(p) * bit(l) for p, l, w in samples)
     predicted = math.fsum(w * bit(p) for p, _, w in samples)
     return _ratio(true_positives, predicted)
+
+
+def class_ranking(code: float, classes: int) -> tuple[int, ...]:
+    """The classes from the highest score down that a multiclass prediction's code names: the code-th of their orders
+    (lexicographic, modulo their number)."""
+    orders = list(itertools.permutations(range(classes)))
+    return orders[int(code) % len(orders)]
+
+
+def class_scores(code: float, classes: int) -> list[float]:
+    """Scores a class that rank the classes as ``class_ranking`` says (distinct: no tie for the sort to break)."""
+    scores = [0.0] * classes
+    for position, label in enumerate(class_ranking(code, classes)):
+        scores[label] = (classes - position) / (classes + 1)
+    return scores
+
+
+def multiclass_recall(samples: list[Sample], k: int, classes: int) -> float | None:
+    weight = sums(samples)[0]
+    if weight == 0:
+        return None
+    return math.fsum(w for p, l, w in samples if int(l) in class_ranking(p, classes)[:k]) / weight

@@ -66,6 +66,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
                                 "batches"),
     "multi_label_precision": ("torchrec.metrics.multi_label_precision.MultiLabelPrecisionMetric", ("multi_label_precision",), {},
                               "batches"),
+    "multiclass_recall": ("torchrec.metrics.multiclass_recall.MulticlassRecallMetric", ("multiclass_recall",), {}, "batches"),
     "grouped_auc": ("torchrec.metrics.auc.AUCMetric", ("auc", "grouped_auc"), {"grouped_auc": True}, "samples"),
     "grouped_auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc", "grouped_auprc"), {"grouped_auprc": True}, "samples"),
     "grouped_rauc": ("torchrec.metrics.rauc.RAUCMetric", ("rauc", "grouped_rauc"), {"grouped_rauc": True}, "samples"),
@@ -108,10 +109,17 @@ SESSION_LEVEL_ARGUMENTS = {"top_threshold": (1, 2, 3), "run_ranking_of_labels": 
 # The metrics with a target precision (the reference finds the threshold that reaches it).
 TARGETED = ("hindsight_target_pr",)
 # The metrics drawn with constructor arguments of their own (beyond METRICS' fixed ones).
-ARGUMENTED = ("recalibrated_ne", "recalibrated_calibration", "ndcg", "segmented_ne", "hindsight_target_pr", "multi_label_precision")
+ARGUMENTED = ("recalibrated_ne", "recalibrated_calibration", "ndcg", "segmented_ne", "hindsight_target_pr", "multi_label_precision",
+              "multiclass_recall")
 # The metrics whose predictions and labels are codes of several binary labels (CODES: bit i is label i, lowest
 # first; the bits above num_labels ignored): a precision a label, under its name (label_<i> or label_names').
 ENCODED = ("multi_label_precision",)
+# The metrics whose prediction is a score a class (number_of_classes drawn from CLASSES) and whose label is a class:
+# a sample's prediction is a code naming the order of its classes' scores (reference.class_ranking), and the metric
+# reports its recall at each k (the label among the k top classes) as one vector.
+MULTICLASS = ("multiclass_recall",)
+CLASSES = (2, 3, 4)
+CLASS_ORDERS = tuple(float(code) for code in range(24))  # 4! orders, fewer classes taken modulo theirs
 LABEL_NAMES = ("cat", "dog", "horse")
 # The metrics that average a tensor of the model's outputs other than the predictions (a task's
 # ``tensor_name``, weighted or not): paritykit feeds 1 - p there, so that averaging p would show.
@@ -251,10 +259,12 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     # torchrec needs a window of a batch at least on every rank (its local window is window / world size)
     fewest = (count if unpruned(metric) else 1) * batch_size * world_size
     window = draw(st.integers(fewest, max(fewest, batch_size * world_size * 6)))
+    classes = draw(st.sampled_from(CLASSES)) if metric in MULTICLASS else 0
     grid = [k / 20 for k in range(1, 20)]
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
-    prediction = st.sampled_from(CODES if metric in ENCODED else grid) if metric not in RANKING else None
+    prediction = st.sampled_from(CODES if metric in ENCODED else CLASS_ORDERS if classes else grid) if metric not in RANKING else None
+    label = st.sampled_from(tuple(float(c) for c in range(classes)) if classes else LABELS.get(metric, (0.0, 1.0)))
     weight = st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0))
     per_stream = count * batch_size
     distinct = None
@@ -272,7 +282,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
                     values = [p / 1000 for p in distinct[t][start:start + batch_size]]
                 else:
                     values = draw(st.lists(prediction, min_size=batch_size, max_size=batch_size))
-                labels = draw(st.lists(st.sampled_from(LABELS.get(metric, (0.0, 1.0))), min_size=batch_size, max_size=batch_size))
+                labels = draw(st.lists(label, min_size=batch_size, max_size=batch_size))
                 weights = draw(st.lists(weight, min_size=batch_size, max_size=batch_size))
                 per_task.append(tuple(zip(values, labels, weights)))
             batches.append(tuple(per_task))
@@ -283,7 +293,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     return MetricSpec(metric, tasks, mode, batch_size, window, streams[0], via=via,
                       rank_batches=tuple(streams[1:]), sessions=draw(_sessions(batch_size)) if metric in SESSIONED else (),
                       resume_at=draw(st.none() | st.integers(1, count - 1)) if resumable else None,
-                      **_drawn_inputs(draw, metric, tasks, batch_size, mode),
+                      **_drawn_inputs(draw, metric, tasks, batch_size, mode, classes),
                       fused_updates=draw(_fused_updates(metric, mode, via, batch_size * world_size, window)))
 
 
@@ -321,8 +331,10 @@ def offloaded_vias(metric: str) -> tuple[str, ...]:
     return OFFLOADED if metric not in batch_structured else OFFLOADED[:1]
 
 
-def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mode: str) -> dict:
+def _drawn_inputs(draw: st.DrawFn, metric: str, tasks: int, batch_size: int, mode: str, classes: int) -> dict:
     """The fields some metrics take: their constructor's arguments, NDCG's sessions and negative tasks."""
+    if metric in MULTICLASS:
+        return {"arguments": (("number_of_classes", classes),)}
     if metric in RECALIBRATED:
         return {"arguments": (("recalibration_coefficient", draw(st.sampled_from(RECALIBRATION_COEFFICIENTS))),)}
     if metric in TENSOR_AVERAGED:
