@@ -175,10 +175,11 @@ def _torchrec_report(spec: MetricSpec) -> dict:
 
 PLANT_METRICS = {"ne-norm-in-natural-log": "ne", "window-drops-a-full-window": "ctr", "auc-ranks-ascending": "auc",
                  "metric-states-not-checkpointed": "calibration", "recalibration-coefficient-inverted": "recalibrated_ne",
-                 "grouped-auc-weights-groups-by-size": "grouped_auc"}
+                 "grouped-auc-weights-groups-by-size": "grouped_auc", "multiclass-recall-ranks-ascending": "multiclass_recall",
+                 "fused-updates-not-flushed-at-compute": "ctr"}
 # The pinned case that shows each plant: the unfused one through RecMetricModule, window 6 of batches of 3;
-# for the checkpoint plant, the one resumed before its last batch.
-PLANT_CASE = {"metric-states-not-checkpointed": 2}
+# for the checkpoint plant, the one resumed before its last batch; for the fused updates', the one fusing two.
+PLANT_CASE = {"metric-states-not-checkpointed": 2, "fused-updates-not-flushed-at-compute": 3}
 
 
 def test_every_plant_has_a_metric_to_show_it():

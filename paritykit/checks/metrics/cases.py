@@ -18,8 +18,8 @@ import torch
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.formulas import formulas_of, fused_batches, keyed, rounded_predictions_slack
 from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, MULTICLASS, NAMESPACES, OFFLOADED, RECALIBRATED,
-                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, WINDOW_ONLY, MetricSpec, compared_names,
-                                            window_compared)
+                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, WINDOW_ONLY, MetricSpec,
+                                            compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -215,11 +215,11 @@ def _tensors(spec: MetricSpec, batch: tuple) -> tuple[dict, dict, dict]:
 
 
 def _reported(report: dict[str, Any], metric: str, task: str, prefix: str, name: str) -> float:
-    """The value torchrec names ``<metric>-<task>|<prefix>_<name>`` (``metric``: the metric's namespace, its
-    name or NAMESPACES'; ``name[k]``: the k-th of a vector's values): the key is part of what users read, so
-    another name fails too."""
+    """The value torchrec names ``<metric>-<task>|<prefix><name>`` (``metric``: the metric's namespace, its
+    name or NAMESPACES'; ``prefix``: "lifetime_", "local_window_", ...; ``name[k]``: the k-th of a vector's
+    values): the key is part of what users read, so another name fails too."""
     name, _, index = name.partition("[")
-    key = f"{metric}-{task}|{prefix}_{name}"
+    key = f"{metric}-{task}|{prefix}{name}"
     expect(key in report, f"the report has no {key} (it has {sorted(report)})")
     values = _listed(report[key])
     if not index:
@@ -301,10 +301,13 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
             if spec.metric in RECALIBRATED:
                 samples = reference.recalibrated(samples, dict(spec.arguments)["recalibration_coefficient"])
             for name, formula in held_to:
+                if name in UNPREFIXED and prefix != "lifetime":  # a count over every sample: no window of it
+                    continue
                 want = formula(samples)
                 if want is None:  # undefined on these samples (formulas.defined and reference.py say where)
                     continue
-                got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task, key_prefix + prefix, name)
+                got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task,
+                                key_prefix + ("" if name in UNPREFIXED else f"{prefix}_"), name)
                 bound = 8 * (len(samples) + 2) * unit_roundoff(torch.float32) * max(abs(want), 1.0)
                 if spec.metric in RECALIBRATED:
                     bound += rounded_predictions_slack(formula, samples, want)

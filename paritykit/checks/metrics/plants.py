@@ -103,3 +103,30 @@ def grouped_auc_weights_groups_by_size() -> ContextManager[None]:
         return torch.cat(values)
 
     return replaced(auc, "compute_auc_per_group", lambda _original: per_group)
+
+
+@register("multiclass-recall-ranks-ascending", check=CHECK)
+def multiclass_recall_ranks_ascending() -> ContextManager[None]:
+    """Multiclass recall orders each sample's classes by ascending score, so its "top k" are the k least likely."""
+    from torchrec.metrics import multiclass_recall
+
+    def planted(original):
+        def ascending(predictions, labels, weights, n_classes):
+            return original(-predictions, labels, weights, n_classes)
+        return ascending
+
+    return replaced(multiclass_recall, "compute_true_positives_at_k", planted)
+
+
+@register("fused-updates-not-flushed-at-compute", check=CHECK)
+def fused_updates_not_flushed_at_compute() -> ContextManager[None]:
+    """With fused_update_limit, compute() leaves the batches still buffered (fewer than the limit) out instead of
+    flushing them first, so the values miss the latest batches."""
+    from torchrec.metrics.rec_metric import RecMetric
+
+    def planted(original):
+        def check(self, force):
+            return original(self, False)
+        return check
+
+    return replaced(RecMetric, "_check_fused_update", planted)

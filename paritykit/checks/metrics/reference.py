@@ -46,6 +46,7 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   precision and recall (0 where their denominator is)
     grouped AUC, AUPRC, RAUC = over the groups of the samples held (a key a sample), the mean of the
                   metric over each group's samples (undefined where a group's is)
+    total_examples = the samples of a weight other than 0 (the serving metrics' count)
     multi-label precision of label i = TP_i / (TP_i + FP_i) (0 when that is 0), p and l codes whose bit i
                   (lowest first) says whether label i is predicted and whether it holds: TP_i = sum w*b_i(p)*b_i(l),
                   FP_i = sum w*b_i(p)*(1-b_i(l))
@@ -365,3 +366,7 @@ def multiclass_recall(samples: list[Sample], k: int, classes: int) -> float | No
     if weight == 0:
         return None
     return math.fsum(w for p, l, w in samples if int(l) in class_ranking(p, classes)[:k]) / weight
+
+
+def total_examples(samples: list[Sample]) -> float:
+    return float(sum(1 for _, _, w in samples if w != 0))

@@ -43,8 +43,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "cali_free_ne": ("torchrec.metrics.cali_free_ne.CaliFreeNEMetric", ("cali_free_ne",), {}, "batches"),
     "weighted_avg": ("torchrec.metrics.weighted_avg.WeightedAvgMetric", ("weighted_avg",), {}, "batches"),
     "average": ("torchrec.metrics.average.AverageMetric", ("label_average", "prediction_average"), {}, "batches"),
-    "serving_ne": ("torchrec.metrics.serving_ne.ServingNEMetric", ("ne",), {}, "batches"),
-    "serving_calibration": ("torchrec.metrics.serving_calibration.ServingCalibrationMetric", ("calibration",), {}, "batches"),
+    "serving_ne": ("torchrec.metrics.serving_ne.ServingNEMetric", ("ne", "total_examples"), {}, "batches"),
+    "serving_calibration": ("torchrec.metrics.serving_calibration.ServingCalibrationMetric", ("calibration", "total_examples"), {},
+                            "batches"),
     "auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc",), {}, "samples"),
     "gauc": ("torchrec.metrics.gauc.GAUCMetric", ("gauc", "gauc_num_samples"), {}, "batches"),
     "recalibrated_ne": ("torchrec.metrics.ne_with_recalibration.RecalibratedNEMetric", ("ne", "logloss"),
@@ -76,6 +77,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
 GROUPED = {"grouped_auc": "auc", "grouped_auprc": "auprc", "grouped_rauc": "rauc"}
 # The namespace a metric reports under, where it is not the metric's name.
 NAMESPACES = {"tensor_weighted_avg": "weighted_avg", **GROUPED}
+# The values reported without a lifetime or window prefix (``<metric>-<task>|<name>``): over every sample given.
+UNPREFIXED = ("total_examples",)
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
 RANKING = ("auc", "auprc", "gauc", "ndcg", "grouped_auc", "grouped_auprc")
 # The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
