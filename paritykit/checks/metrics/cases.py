@@ -18,7 +18,7 @@ import torch
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.formulas import formulas_of, fused_batches, keyed, rounded_predictions_slack
 from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, MULTICLASS, NAMESPACES, OFFLOADED, RECALIBRATED,
-                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, WINDOW_ONLY, MetricSpec,
+                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, VARIANTS, WINDOW_ONLY, MetricSpec,
                                             compared_names, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
@@ -75,7 +75,7 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
 
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
-    config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(GROUPED.get(spec.metric, spec.metric)): RecMetricDef(
+    config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(VARIANTS.get(spec.metric, spec.metric)): RecMetricDef(
         rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **_constructor_arguments(spec)} or None)},
         throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
         compute_interval_steps=COMPUTE_INTERVAL_STEPS, fused_update_limit=spec.fused_updates)

@@ -10,8 +10,8 @@ from typing import Any, Callable
 import torch
 
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.specs import (ENCODED, GROUPED, MULTICLASS, PER_BATCH, SEGMENTED, SESSION_IDS, SESSION_LEVEL, SESSIONED,
-                                            TARGETED, TENSOR_AVERAGED, MetricSpec)
+from paritykit.checks.metrics.specs import (BIN_THRESHOLD, BINNED, ENCODED, GROUPED, MULTICLASS, PER_BATCH, SEGMENTED, SESSION_IDS,
+                                            SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, MetricSpec)
 from paritykit.compare.bounds import unit_roundoff
 
 
@@ -47,6 +47,9 @@ def formulas_of(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tup
     sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting, and segmented
     NE's groups (a value a group: ``segmented_ne_<g>``, ``logloss_<g>``) given to reference.py's."""
     arguments = dict(spec.arguments)
+    if spec.metric in BINNED:  # AUC of the labels binned
+        return [(name, lambda samples, name=name: value(name, [(p, float(l >= BIN_THRESHOLD), w) for p, l, w in samples]))
+                for name in names]
     if spec.metric in GROUPED:  # samples keyed (_compare): the metric over them all, and its mean over their groups
         base = GROUPED[spec.metric]
         return [(name, lambda keyed, name=name: reference.grouped(lambda samples: value(base, samples), keyed) if name == spec.metric

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from paritykit.checks.known_issues import rule_kept_out
 from paritykit.checks.metrics.rules import NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
-from paritykit.checks.metrics.specs import (ENCODED, GROUPED, LABELS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
+from paritykit.checks.metrics.specs import (BINNED, ENCODED, GROUPED, LABELS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
                                             SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, THRESHOLD,
                                             MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias, unpruned)
 
@@ -45,6 +45,8 @@ def _stream(metric: str) -> tuple:
         return _relabelled(_STREAM, lambda p, l: round((l + p) * 2) / 4)
     if metric == "num_missing_labels":  # the samples predicted below 0.3 have no label
         return _relabelled(_STREAM, lambda p, l: float("nan") if p < 0.3 else l)
+    if metric in BINNED:  # soft labels: below 0.5 either side of the bin threshold, above it hard
+        return _relabelled(_STREAM, lambda p, l: (0.05 if l else 0.02) if p < 0.5 else l)
     if metric in MULTICLASS:  # an order of the classes a sample; its label class 0 or 1
         return _mapped(_STREAM, lambda p, l, w: (float(int(p * 20) % 24), l, w))
     if metric in ENCODED:  # codes: the label's code the prediction's with bit 0 (positives) or bit 1 (negatives) flipped

@@ -68,6 +68,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
     "multi_label_precision": ("torchrec.metrics.multi_label_precision.MultiLabelPrecisionMetric", ("multi_label_precision",), {},
                               "batches"),
     "multiclass_recall": ("torchrec.metrics.multiclass_recall.MulticlassRecallMetric", ("multiclass_recall",), {}, "batches"),
+    "binned_auc": ("torchrec.metrics.auc.AUCMetric", ("auc",), {"apply_bin": True}, "samples"),
     "grouped_auc": ("torchrec.metrics.auc.AUCMetric", ("auc", "grouped_auc"), {"grouped_auc": True}, "samples"),
     "grouped_auprc": ("torchrec.metrics.auprc.AUPRCMetric", ("auprc", "grouped_auprc"), {"grouped_auprc": True}, "samples"),
     "grouped_rauc": ("torchrec.metrics.rauc.RAUCMetric", ("rauc", "grouped_rauc"), {"grouped_rauc": True}, "samples"),
@@ -75,31 +76,39 @@ METRICS: dict[str, tuple[str, tuple[str, ...], dict, str]] = {
 # The metrics computed per group of samples too (a ``grouping_keys`` input: a key a sample), each by the
 # class of the metric it groups: grouped -> that metric (its RecMetricEnum member, its namespace).
 GROUPED = {"grouped_auc": "auc", "grouped_auprc": "auprc", "grouped_rauc": "rauc"}
+# AUC with apply_bin: soft labels, each counted a positive from BIN_THRESHOLD up (torchrec's fixed 0.039).
+BINNED = ("binned_auc",)
+BIN_THRESHOLD = 0.039
+# The metrics computed by another's class with arguments of their own: metric -> that one (its RecMetricEnum
+# member, its namespace).
+VARIANTS = {**GROUPED, "binned_auc": "auc"}
 # The namespace a metric reports under, where it is not the metric's name.
-NAMESPACES = {"tensor_weighted_avg": "weighted_avg", **GROUPED}
+NAMESPACES = {"tensor_weighted_avg": "weighted_avg", **VARIANTS}
 # The values reported without a lifetime or window prefix (``<metric>-<task>|<name>``): over every sample given.
 UNPREFIXED = ("total_examples",)
 # The metrics that rank the samples by prediction: drawn with predictions distinct over a task's stream.
-RANKING = ("auc", "auprc", "gauc", "ndcg", "grouped_auc", "grouped_auprc")
+RANKING = ("auc", "auprc", "gauc", "ndcg", "grouped_auc", "grouped_auprc", "binned_auc")
 # The metrics whose samples torchrec keeps out of the state dict on purpose (persistent=False: a window
 # of samples would be a large checkpoint), so that a resumed one has lost them: not drawn resumed.
-NOT_CHECKPOINTED = ("auc", "auprc", "rauc", *GROUPED)
+NOT_CHECKPOINTED = ("auc", "auprc", "rauc", *GROUPED, *BINNED)
 # The metrics over sessions (``num_candidates``: consecutive samples of a batch), which RecMetricModule
 # cannot build (no RecMetricEnum member): run through their class alone.
 SESSIONED = ("gauc",)
 # The metrics that report their window only (AUPRC's lifetime value is a weighted average of the windows
 # seen at each compute() call, a history no formula over the samples gives).
-WINDOW_ONLY = ("auc", "auprc", "rauc", *GROUPED)
+WINDOW_ONLY = ("auc", "auprc", "rauc", *GROUPED, *BINNED)
 # The metrics over the pairs of a batch: the reference is told the batch size.
 PER_BATCH = ("xauc", "scalar")
 # The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
 LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
-# included), NaN (a missing label) for the metric that counts those, codes of three binary labels.
+# included), NaN (a missing label) for the metric that counts those, codes of three binary labels, soft labels
+# about the bin threshold.
 REGRESSION_LABELS = (0.0, 0.25, 0.5, 0.75, 1.0)
 CODES = tuple(float(code) for code in range(8))
 LABELS = {"rauc": REGRESSION_LABELS, "grouped_rauc": REGRESSION_LABELS, "xauc": REGRESSION_LABELS, "scalar": REGRESSION_LABELS,
-          "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0), "multi_label_precision": CODES}
+          "num_missing_labels": (0.0, 1.0, float("nan")), "ndcg": (0.0, 0.5, 1.0), "multi_label_precision": CODES,
+          "binned_auc": (0.0, 0.02, 0.03, 0.05, 0.5, 1.0)}
 # The metrics whose samples carry a session id (NDCG's ``session_id`` input: any ids, in any order).
 SESSION_IDS = ("ndcg",)
 # The metrics whose samples carry a group key (segmented NE's ``grouping_keys``: a value a group).
