@@ -71,7 +71,7 @@ def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
     """RecMetricModule built the trainer's way, or CPUOffloadedRecMetricModule (``via`` offloaded)."""
     from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
-    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum, ThroughputDef
+    from torchrec.metrics.metrics_config import BatchSizeStage, MetricsConfig, RecMetricDef, RecMetricEnum, ThroughputDef
 
     _, _, extra, _ = METRICS[spec.metric]
     tasks = _tasks(spec)
@@ -85,8 +85,9 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
         offloaded = {"model_out_device": torch.device("cpu"), "update_batch_size": 1 if spec.via == "offloaded" else 10}
         return generate_metric_module(CPUOffloadedRecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
                                       my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"), module_kwargs=offloaded)
+    stages = [BatchSizeStage(size, last) for size, last in spec.batch_size_stages] or None
     return generate_metric_module(RecMetricModule, config, batch_size=spec.batch_size, world_size=spec.world_size,
-                                  my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"))
+                                  my_rank=rank, state_metrics_mapping={}, device=torch.device("cpu"), batch_size_stages=stages)
 
 
 def torchrec_report(spec: MetricSpec, rank: int = 0) -> dict[str, Any]:
@@ -129,15 +130,25 @@ def _fed_metric(spec: MetricSpec, rank: int) -> Any:
 
 
 def _compare_examples(spec: MetricSpec, report: dict[str, Any], who: str) -> None:
-    """RecMetricModule's throughput counts: every batch given (every rank's batch size), and those since the
-    resume (torchrec does not checkpoint the attempt's count)."""
+    """RecMetricModule's throughput counts: every batch given (every rank's batch size, or its stage's), and those
+    since the resume (torchrec does not checkpoint the attempt's count)."""
     batches = len(spec.batches)
-    for key, counted in ((TOTAL_EXAMPLES, batches), (ATTEMPT_EXAMPLES, batches - (spec.resume_at or 0))):
-        want = counted * spec.batch_size * spec.world_size
+    for key, first in ((TOTAL_EXAMPLES, 0), (ATTEMPT_EXAMPLES, spec.resume_at or 0)):
+        sizes = [_stage_batch_size(spec, index + 1) for index in range(first, batches)]
+        want = sum(sizes) * spec.world_size
         expect(key in report, f"the module's report has no {key} (it has {sorted(report)})")
         if float(report[key]) != want:
-            raise ParityError(f"{spec.metric} ({who}): {key} = {float(report[key]):g} after {counted} batches of "
-                              f"{spec.batch_size} samples on each of {spec.world_size} ranks ({want})")
+            raise ParityError(f"{spec.metric} ({who}): {key} = {float(report[key]):g} after {len(sizes)} batches of "
+                              f"{sizes} samples on each of {spec.world_size} ranks ({want})")
+
+
+def _stage_batch_size(spec: MetricSpec, batch: int) -> int:
+    """The batch size the module's stages give the ``batch``-th batch (from 1): the first stage whose last batch is
+    not before it (the last stage has none)."""
+    for size, last in spec.batch_size_stages:
+        if last is None or batch <= last:
+            return size
+    return spec.batch_size
 
 
 def _expect_untouched(spec: MetricSpec, fed: dict, before: dict, batch: int) -> None:

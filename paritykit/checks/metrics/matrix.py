@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
 from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
-from paritykit.checks.metrics.specs import drawn_metrics, metric_specs
+from paritykit.checks.metrics.draws import metric_specs
+from paritykit.checks.metrics.specs import drawn_metrics
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 

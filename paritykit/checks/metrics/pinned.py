@@ -25,6 +25,10 @@ _STREAM = (
 )
 
 
+# The module's batch size stages in the unfused case: the first batch counted at 3 samples, the others at 6.
+STAGES = ((3, 1), (6, None))
+
+
 def _mapped(stream: tuple, sample) -> tuple:
     """The stream with ``sample(p, l, w)`` in place of each sample."""
     return tuple(tuple(tuple(sample(p, l, w) for p, l, w in task) for task in batch) for batch in stream)
@@ -102,7 +106,7 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
                 *(MetricSpec(metric, 2, "fused", 3, 7, stream, sessions=(2, 1), resume_at=r) for r in resumed))
     fused, unfused = (9, 9) if unpruned(metric) else (7, 6)  # the whole stream, or a window that drops a batch
     return (MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, fused, stream, **_pinned_inputs(metric, 0)),
-            MetricSpec(metric, 2, "unfused", 3, unfused, stream, via="module", **_pinned_inputs(metric, 1)),
+            MetricSpec(metric, 2, "unfused", 3, unfused, stream, via="module", batch_size_stages=STAGES, **_pinned_inputs(metric, 1)),
             *(MetricSpec(metric, 2, "unfused", 3, 7, stream, via="module", resume_at=r, **_pinned_inputs(metric, 2))
               for r in resumed),
             # Two batches fused into one update, then the last: the window of 6 holds that last update alone.
