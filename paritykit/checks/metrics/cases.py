@@ -61,7 +61,8 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
     cls = getattr(importlib.import_module(module), name)
     return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
                compute_mode=_mode(spec), window_size=spec.window_size, **extra, **_constructor_arguments(spec),
-               **({"fused_update_limit": spec.fused_updates} if spec.fused_updates else {}))
+               **({"fused_update_limit": spec.fused_updates} if spec.fused_updates else {}),
+               **({"compute_on_all_ranks": True} if spec.all_ranks else {}))
 
 
 def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def _metric_module(spec: MetricSpec, rank: int) -> Any:
     config = MetricsConfig(rec_tasks=tasks, rec_metrics={RecMetricEnum(VARIANTS.get(spec.metric, spec.metric)): RecMetricDef(
         rec_tasks=tasks, window_size=spec.window_size, arguments={**extra, **_constructor_arguments(spec)} or None)},
         throughput_metric=ThroughputDef(warmup_steps=1), rec_compute_mode=_mode(spec), state_metrics=[],
-        compute_interval_steps=COMPUTE_INTERVAL_STEPS, fused_update_limit=spec.fused_updates)
+        compute_interval_steps=COMPUTE_INTERVAL_STEPS, fused_update_limit=spec.fused_updates, compute_on_all_ranks=spec.all_ranks)
     if spec.via in OFFLOADED:
         from torchrec.metrics.cpu_offloaded_metric_module import CPUOffloadedRecMetricModule
 
@@ -274,7 +275,11 @@ def _compare_ranks(spec: MetricSpec, reports: list[dict], every_value: bool) -> 
     compared = _compare(spec, reports[0]["reduced"], "rank 0", every_value)
     namespace = NAMESPACES.get(spec.metric, spec.metric)
     for rank, report in enumerate(reports):
-        if rank and any(key.startswith(f"{namespace}-") for key in report["reduced"]):  # one that computes reports them too
+        computes = any(key.startswith(f"{namespace}-") for key in report["reduced"])
+        if rank and spec.all_ranks and not computes:
+            raise ParityError(f"{spec.metric} ({spec.via}, compute_on_all_ranks=True): rank {rank}'s compute() reports none of "
+                              f"its values ({sorted(report['reduced'])})")
+        if rank and computes:  # one that computes reports them too
             _compare(spec, report["reduced"], f"rank {rank}", every_value)
         if spec.via != "class":
             _compare_examples(spec, report["reduced"], f"rank {rank}")

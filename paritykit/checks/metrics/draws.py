@@ -64,7 +64,8 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
                       resume_at=resume_at,
                       **_drawn_inputs(draw, metric, tasks, batch_size, mode, classes),
                       fused_updates=draw(_fused_updates(metric, mode, via, batch_size * world_size, window)),
-                      batch_size_stages=draw(_stages(batch_size, count)) if via == "module" and resume_at is None else ())
+                      batch_size_stages=draw(_stages(batch_size, count)) if via == "module" and resume_at is None else (),
+                      all_ranks=draw(st.booleans()) if world_size > 1 and via in ("class", "module") else False)
 
 
 def _stages(batch_size: int, count: int) -> st.SearchStrategy:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from paritykit.checks.known_issues import rule_kept_out
 from paritykit.checks.metrics.rules import NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
-from paritykit.checks.metrics.specs import (BINNED, ENCODED, GROUPED, LABELS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED, REGRESSION_LABELS, SEGMENTED,
-                                            SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED, TENSOR_AVERAGED, THRESHOLD,
-                                            MetricSpec, compute_mode, fused_updates_allowed, offloaded_vias, unpruned)
+from paritykit.checks.metrics.specs import (BINNED, ENCODED, GROUPED, LABELS, METRICS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED,
+                                            REGRESSION_LABELS, SEGMENTED, SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED,
+                                            TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, fused_updates_allowed,
+                                            offloaded_vias, unpruned)
 
 
 def _batch(*tasks: list[tuple[float, float, float]]) -> tuple:
@@ -136,6 +137,8 @@ def pinned_on_ranks(metric: str, world_size: int) -> tuple[MetricSpec, ...]:
     if metric in SESSIONED:  # its class alone: sessions of two samples and one
         return (MetricSpec(metric, 2, "fused", 3, 13, stream, rank_batches=others, sessions=(2, 1)),)
     window = 18 if unpruned(metric) else 13  # the whole stream of each rank, or a window that drops a batch
+    # Every other metric (by name) has each rank compute the reduced values (compute_on_all_ranks), the others rank 0.
+    all_ranks = sorted(METRICS).index(metric) % 2 == 1
     return tuple(MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, window, stream, via=via, rank_batches=others,
-                            **_pinned_inputs(metric, 0))
+                            all_ranks=all_ranks and via == "module", **_pinned_inputs(metric, 0))
                  for via in ("module",) + tuple(v for v in OFFLOADED_PINNED.get(metric, ()) if v in offloaded_vias(metric)))

@@ -241,6 +241,8 @@ class MetricSpec:
     # RecMetricModule's batch_size_stages: (batch size, the last batch of the stage or None) each; its throughput
     # counts each batch at its stage's size.
     batch_size_stages: tuple[tuple[int, int | None], ...] = ()
+    # compute_on_all_ranks: every rank of a pool computes the reduced values (else rank 0 alone must).
+    all_ranks: bool = False
 
     @property
     def world_size(self) -> int:
@@ -261,6 +263,7 @@ class MetricSpec:
         ranks += f" unweighted_tasks={list(self.unweighted_tasks)}" if self.unweighted_tasks else ""
         ranks += f" fused_update_limit={self.fused_updates}" if self.fused_updates else ""
         ranks += f" batch_size_stages={list(self.batch_size_stages)}" if self.batch_size_stages else ""
+        ranks += " compute_on_all_ranks" if self.all_ranks else ""
         return (f"{self.metric} via {self.via}{ranks} tasks={self.tasks} {self.compute_mode} batch_size={self.batch_size} "
                 f"window_size={self.window_size} batches: {streams}")
 
