@@ -15,7 +15,7 @@ from paritykit.checks.metrics.specs import (CLASS_ORDERS, CLASSES, CODES, COMPUT
                                             OFFLOADED, PAIRED_GROUPS, RANKING, RECALIBRATED, RECALIBRATION_COEFFICIENTS,
                                             SEGMENTED, SEGMENTED_ARGUMENTS, SESSION_IDS, SESSION_LEVEL,
                                             SESSION_LEVEL_ARGUMENTS, SESSIONED, TARGET_PRECISIONS, TARGETED,
-                                            TENSOR_AVERAGED, THRESHOLD, compute_mode, fused_updates_allowed, MetricSpec,
+                                            TENSOR_AVERAGED, THRESHOLD, TIED, MetricSpec, compute_mode, fused_updates_allowed,
                                             min_batch, offloaded_vias, unpruned)
 
 
@@ -28,7 +28,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     fewest = (count if unpruned(metric) else 1) * batch_size * world_size
     window = draw(st.integers(fewest, max(fewest, batch_size * world_size * 6)))
     classes = draw(st.sampled_from(CLASSES)) if metric in MULTICLASS else 0
-    grid = [k / 20 for k in range(1, 20)]
+    grid = [k / 20 for k in range(1, 20)] if metric not in TIED else [0.25, 0.5, 0.75]
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
     prediction = st.sampled_from(CODES if metric in ENCODED else CLASS_ORDERS if classes else grid) if metric not in RANKING else None

@@ -97,6 +97,9 @@ SESSIONED = ("gauc",)
 WINDOW_ONLY = ("auc", "auprc", "rauc", *GROUPED, *BINNED)
 # The metrics over the pairs of a batch: the reference is told the batch size.
 PER_BATCH = ("xauc", "scalar")
+# The metrics whose pairs tied in prediction count by their labels (XAUC: alike when the labels tie too): drawn
+# from three predictions, so that a batch often holds such a pair.
+TIED = ("xauc",)
 # The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
 LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties
