@@ -56,7 +56,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
             batches.append(tuple(per_task))
         streams.append(tuple(batches))
     mode = compute_mode(metric, draw(st.sampled_from(COMPUTE_MODES)))
-    via = draw(_via(metric, tasks, mode, world_size))
+    via = draw(_via(metric, tasks, mode, world_size, batch_size))
     resumable = metric not in NOT_CHECKPOINTED and count > 1 and via not in OFFLOADED
     resume_at = draw(st.none() | st.integers(1, count - 1)) if resumable else None
     return MetricSpec(metric, tasks, mode, batch_size, window, streams[0], via=via,
@@ -81,10 +81,11 @@ def _fused_updates(metric: str, mode: str, via: str, samples_a_batch: int, windo
     return st.sampled_from((0,) + tuple(n for n in FUSED_UPDATE_LIMITS if n * samples_a_batch <= window and allowed))
 
 
-def _via(metric: str, tasks: int, mode: str, world_size: int) -> st.SearchStrategy:
+def _via(metric: str, tasks: int, mode: str, world_size: int, batch_size: int) -> st.SearchStrategy:
     """The metric class, or RecMetricModule where it can build the metric and a standing defect does not refuse it;
     on several ranks also CPUOffloadedRecMetricModule (it starts its own gloo group: a process group is needed)."""
-    refused = (metric in SESSION_IDS and mode == "fused" and tasks == 1
+    squeezed = tasks == 1 or batch_size == 1  # the module squeezes session_id's dimension of one away
+    refused = (metric in SESSION_IDS and mode == "fused" and squeezed
                and rule_kept_out(NDCG_FUSED_MODULE_ONE_TASK) is not None)
     if metric in SESSIONED or refused:
         return st.just("class")

@@ -22,8 +22,8 @@ RECALIBRATED_NE_LOGLOSS = "recalibrated-ne-drops-include-logloss"
 # NDCGMetric flips a negative task's predictions and labels in place, which in unfused computation are
 # views of the caller's tensors (the model's outputs).
 NDCG_NEGATIVE_TASK_IN_PLACE = "ndcg-negative-task-flips-inputs"
-# NDCG computed fused through RecMetricModule with one task takes no session_id (the module squeezes it to
-# one dimension, NDCG asserts the stacked predictions' two).
+# NDCG computed fused through RecMetricModule with one task, or on a batch of one sample, takes no session_id (the
+# module squeezes it to one dimension, NDCG asserts the stacked predictions' two).
 NDCG_FUSED_MODULE_ONE_TASK = "ndcg-fused-module-one-task"
 # HindsightTargetPRMetric: it reports the threshold as torch.Tensor(index), an uninitialized tensor
 # of that many elements; and computed fused it raises (its states are one row, not a row a task).
