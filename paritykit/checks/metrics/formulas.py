@@ -43,20 +43,27 @@ def rounded_predictions_slack(formula: Any, samples: list, want: float) -> float
 
 
 def formulas_of(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tuple[str, Callable[[list], float | None]]]:
-    """Each compared value's name and its formula over the samples it holds (None where undefined): GAUC's
-    sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting, and segmented
-    NE's groups (a value a group: ``segmented_ne_<g>``, ``logloss_<g>``) given to reference.py's."""
+    """Each compared value's name and its formula over the samples it holds (None where undefined): the binned
+    labels, the grouped metrics' groups, the multiclass recall at each k (``<name>[k]``), a precision a label
+    (``multi_label_precision<label name>``), segmented NE's groups (``segmented_ne_<g>``, ``logloss_<g>``),
+    GAUC's sessions, XAUC's batch size, NDCG's sessions and arguments, the tensor average's weighting."""
     arguments = dict(spec.arguments)
     if spec.metric in BINNED:  # AUC of the labels binned
         return [(name, lambda samples, name=name: value(name, [(p, float(l >= BIN_THRESHOLD), w) for p, l, w in samples]))
                 for name in names]
     if spec.metric in GROUPED:  # samples keyed (_compare): the metric over them all, and its mean over their groups
         base = GROUPED[spec.metric]
-        return [(name, lambda keyed, name=name: reference.grouped(lambda samples: value(base, samples), keyed) if name == spec.metric
-                 else value(name, [s[:3] for s in keyed])) for name in names]
+
+        def of(name: str) -> Callable[[list], float | None]:
+            if name == spec.metric:
+                return lambda keyed: reference.grouped(lambda samples: value(base, samples), keyed)
+            return lambda keyed: value(name, [s[:3] for s in keyed])
+
+        return [(name, of(name)) for name in names]
     if spec.metric in MULTICLASS:  # the recall at each k: a vector's k-th value
         classes = arguments["number_of_classes"]
-        return [(f"{spec.metric}[{k}]", lambda samples, k=k: reference.multiclass_recall(samples, k + 1, classes)) for k in range(classes)]
+        return [(f"{spec.metric}[{k}]", lambda samples, k=k: reference.multiclass_recall(samples, k + 1, classes))
+                for k in range(classes)]
     if spec.metric in ENCODED:  # a precision a label, named after it
         labels = arguments["num_labels"]
         names_of_labels = arguments.get("label_names") or tuple(f"label_{i}" for i in range(labels))
