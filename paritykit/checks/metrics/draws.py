@@ -1,6 +1,6 @@
 """The metrics check's draws: a MetricSpec of a metric (its tasks, stream of batches on each rank, window,
 compute mode, the class or module that runs it, a resume, its own arguments and inputs), kept clear of the
-torchrec defects that stand (specs.py says which and why)."""
+torchrec defects that stand (rules.py names them, specs.py says what each keeps out)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
 
 
 def _stages(batch_size: int, count: int) -> st.SearchStrategy:
-    """None, or two stages of batch sizes a multiple of the base one, the first ending at a batch of the stream
+    """No stages, or two of batch sizes a multiple of the base one, the first ending at a batch of the stream
     (a resumed module counts its batches again from 0 unless told otherwise: not drawn resumed)."""
     sizes = st.integers(1, 3).map(lambda m: m * batch_size)
     return st.just(()) | st.tuples(st.tuples(sizes, st.integers(1, count)), st.tuples(sizes, st.none()))
