@@ -18,8 +18,8 @@ import torch
 from paritykit.checks.metrics import reference
 from paritykit.checks.metrics.formulas import formulas_of, fused_batches, keyed, rounded_predictions_slack
 from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, MULTICLASS, NAMESPACES, OFFLOADED, RECALIBRATED,
-                                            SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, VARIANTS, WINDOW_ONLY, MetricSpec,
-                                            compared_names, window_compared)
+                                            SECOND_KEY, SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, VARIANTS, WINDOW_ONLY,
+                                            MetricSpec, compared_names, second_keys, window_compared)
 from paritykit.compare.bounds import unit_roundoff
 from paritykit.errors import HarnessError, NothingCompared, ParityError, expect
 
@@ -66,7 +66,17 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
 
 
 def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
-    return {} if spec.metric in SESSION_LEVEL else dict(spec.arguments)
+    """The metric's own arguments (a session metric's are its tasks'); segmented NE with a second grouping key
+    takes both keys' configurations as grouping_keys."""
+    if spec.metric in SESSION_LEVEL:
+        return {}
+    arguments = dict(spec.arguments)
+    second = arguments.pop("second_key_groups", 0)
+    if second:
+        first = {"name": "grouping_keys", "num_groups": arguments.pop("num_groups"),
+                 "cast_keys_to_int": arguments.pop("cast_keys_to_int", False)}
+        arguments["grouping_keys"] = [first, {"name": SECOND_KEY, "num_groups": second}]
+    return arguments
 
 
 def _metric_module(spec: MetricSpec, rank: int) -> Any:
@@ -206,7 +216,8 @@ def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
         return {}
     keys = torch.tensor(spec.sample_keys)
     if spec.metric in SEGMENTED:
-        return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys}
+        second = {SECOND_KEY: torch.tensor(second_keys(spec))} if second_keys(spec) else {}
+        return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys, **second}
     if spec.metric in GROUPED:
         return {"grouping_keys": keys}
     if spec.metric in SESSION_LEVEL:

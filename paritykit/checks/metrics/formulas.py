@@ -10,8 +10,9 @@ from typing import Any, Callable
 import torch
 
 from paritykit.checks.metrics import reference, reference_sessions
-from paritykit.checks.metrics.specs import (BIN_THRESHOLD, BINNED, ENCODED, GROUPED, MULTICLASS, PER_BATCH, SEGMENTED, SESSION_IDS,
-                                            SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, MetricSpec)
+from paritykit.checks.metrics.specs import (BIN_THRESHOLD, BINNED, ENCODED, GROUPED, MULTICLASS, PER_BATCH, SECOND_KEY, SEGMENTED,
+                                            SESSION_IDS, SESSION_LEVEL, SESSIONED, TARGETED, TENSOR_AVERAGED, MetricSpec,
+                                            second_keys)
 from paritykit.compare.bounds import unit_roundoff
 
 
@@ -69,15 +70,16 @@ def formulas_of(spec: MetricSpec, task: int, names: tuple[str, ...]) -> list[tup
         names_of_labels = arguments.get("label_names") or tuple(f"label_{i}" for i in range(labels))
         return [(f"{spec.metric}{names_of_labels[i]}", lambda samples, i=i: reference.multi_label_precision(samples, i))
                 for i in range(labels)]
-    if spec.metric in SEGMENTED:
-        keys = spec.sample_keys  # one key a sample of a batch, every batch alike
-
-        def of_group(name: str, group: int) -> Callable[[list], float | None]:
+    if spec.metric in SEGMENTED:  # one key a sample of a batch, every batch alike; a value a group of each key
+        def of_group(name: str, keys: tuple[int, ...], group: int) -> Callable[[list], float | None]:
             base = "ne" if name == "segmented_ne" else name
             return lambda samples: value(base, [s for i, s in enumerate(samples) if keys[i % len(keys)] == group])
 
-        return [(f"{name}_{g}", of_group(name, g)) for g in range(arguments["num_groups"]) for name in names
-                if name != "logloss" or arguments.get("include_logloss")]
+        seconds = arguments.get("second_key_groups", 0)
+        groupings = [(spec.sample_keys, arguments["num_groups"], "@grouping_keys" if seconds else "")]
+        groupings += [(second_keys(spec), seconds, f"@{SECOND_KEY}")] if seconds else []
+        return [(f"{name}_{g}{suffix}", of_group(name, keys, g)) for keys, groups, suffix in groupings for g in range(groups)
+                for name in names if name != "logloss" or arguments.get("include_logloss")]
     if spec.metric in SESSION_IDS:
         extra = (spec.batch_size, spec.sample_keys, task in spec.negative_tasks, arguments)
     elif spec.metric in SESSIONED:

@@ -65,7 +65,7 @@ def _pinned_inputs(metric: str, index: int) -> dict:
     """The pinned cases' arguments (the fused case, the unfused one, the resumed one): a coefficient below 1
     and above; NDCG's defaults with a negative task and sessions of two and one, every argument turned
     (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch; segmented NE
-    over three groups (one without a sample) with logloss, two from float keys cast, one; the tensor average
+    over three groups (one without a sample) with logloss, two from float keys cast beside a second key of two groups, one; the tensor average
     with one task unweighted, then the other, then both weighted."""
     if metric in RECALIBRATED:
         return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
@@ -86,7 +86,8 @@ def _pinned_inputs(metric: str, index: int) -> dict:
         return ({"sample_keys": (0, 1, 0)}, {"sample_keys": (7, 3, 3)}, {"sample_keys": (1, 1, 1)})[index]
     if metric in SEGMENTED:
         return ({"sample_keys": (2, 0, 2), "arguments": (("num_groups", 3), ("include_logloss", True))},
-                {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True))},
+                {"sample_keys": (1, 0, 1), "arguments": (("num_groups", 2), ("include_logloss", True), ("cast_keys_to_int", True),
+                                                          ("second_key_groups", 2))},
                 {"sample_keys": (0, 0, 0), "arguments": (("num_groups", 1),)})[index]
     if metric not in SESSION_IDS:
         return {}

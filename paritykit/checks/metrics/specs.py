@@ -147,7 +147,17 @@ NDCG_ARGUMENTS = {"exponential_gain": (False, True), "k": (-1, 1, 2, 3), "report
 TARGET_PRECISIONS = (0.3, 0.5, 0.75, 0.9)
 # SegmentedNEMetric's arguments, drawn (the keys fed as float32 where they are to be cast); logloss always,
 # which a group has wherever it has weight (its NE needs both labels; a pinned case goes without it).
-SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True)}
+SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True),
+                       "second_key_groups": (0, 1, 2, 3)}
+# With second_key_groups n, a second grouping key of n groups (GroupingKeyConfig: a value a group for each key,
+# reported as segmented_ne_<g>@<key>), its key of sample i of a batch (7 i + the first key) mod n.
+SECOND_KEY = "country"
+
+
+def second_keys(spec: MetricSpec) -> tuple[int, ...]:
+    """The second grouping key of each sample of a batch (SEGMENTED_ARGUMENTS' second_key_groups), or none."""
+    groups = dict(spec.arguments).get("second_key_groups", 0)
+    return tuple((7 * i + key) % groups for i, key in enumerate(spec.sample_keys)) if groups else ()
 # RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
 MIN_BATCH = {"rauc": 2, "grouped_rauc": 2}
 # And grouped, it divides by each group's pairs: every group of a batch two samples at least.
