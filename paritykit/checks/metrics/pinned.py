@@ -65,8 +65,10 @@ def _pinned_inputs(metric: str, index: int) -> dict:
     """The pinned cases' arguments (the fused case, the unfused one, the resumed one): a coefficient below 1
     and above; NDCG's defaults with a negative task and sessions of two and one, every argument turned
     (k=2, a session of one dropped), and the exponential gain at k=1 over one session a batch; segmented NE
-    over three groups (one without a sample) with logloss, two from float keys cast beside a second key of two groups, one; the tensor average
-    with one task unweighted, then the other, then both weighted."""
+    over three groups (one without a sample) with logloss, two from float keys cast beside a second key of
+    two groups, one; the tensor average with one task unweighted, then the other, then both weighted; the
+    multiclass recall over 3, 4, 2 classes; the multi-label precision over 3 labels, 2 named, 1; the grouped
+    metrics' keys."""
     if metric in RECALIBRATED:
         return {"arguments": (("recalibration_coefficient", (0.5, 4.0, 0.5)[index]),)}
     if metric in TENSOR_AVERAGED:
