@@ -60,9 +60,8 @@ def _metric(spec: MetricSpec, rank: int) -> Any:
     module, name = path.rsplit(".", 1)
     cls = getattr(importlib.import_module(module), name)
     return cls(world_size=spec.world_size, my_rank=rank, batch_size=spec.batch_size, tasks=_tasks(spec),
-               compute_mode=_mode(spec), window_size=spec.window_size, **extra, **_constructor_arguments(spec),
-               **({"fused_update_limit": spec.fused_updates} if spec.fused_updates else {}),
-               **({"compute_on_all_ranks": True} if spec.all_ranks else {}))
+               compute_mode=_mode(spec), window_size=spec.window_size, fused_update_limit=spec.fused_updates,
+               compute_on_all_ranks=spec.all_ranks, **extra, **_constructor_arguments(spec))
 
 
 def _constructor_arguments(spec: MetricSpec) -> dict[str, Any]:
@@ -209,15 +208,17 @@ def _session_inputs(spec: MetricSpec, preds: dict) -> dict[str, Any]:
 def _required_inputs(spec: MetricSpec, preds: dict) -> dict[str, torch.Tensor]:
     """NDCG's ``session_id`` of every sample (one row a task when the tasks are computed fused: NDCG asserts
     the shape of the stacked predictions; one row when unfused: torchrec views it as each task's row);
-    segmented NE's ``grouping_keys`` (int64, or float32 to be cast); the tensor each task averages, 1 - p."""
+    segmented NE's ``grouping_keys`` (int64, or float32 to be cast) and its second key; the grouped metrics'
+    ``grouping_keys``; the session metrics' ``session``; the tensor each task averages, 1 - p."""
     if spec.metric in TENSOR_AVERAGED:
         return {f"target_{t}": 1.0 - preds[TASK_NAMES[t]] for t in range(spec.tasks)}
     if not spec.sample_keys:
         return {}
     keys = torch.tensor(spec.sample_keys)
     if spec.metric in SEGMENTED:
-        second = {SECOND_KEY: torch.tensor(second_keys(spec))} if second_keys(spec) else {}
-        return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys, **second}
+        second = second_keys(spec)
+        return {"grouping_keys": keys.float() if dict(spec.arguments).get("cast_keys_to_int") else keys,
+                **({SECOND_KEY: torch.tensor(second)} if second else {})}
     if spec.metric in GROUPED:
         return {"grouping_keys": keys}
     if spec.metric in SESSION_LEVEL:

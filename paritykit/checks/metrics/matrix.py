@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from paritykit.checks.metrics.cases import run_metric_case
 from paritykit.checks.metrics.known_broken import KNOWN_BROKEN, KNOWN_BROKEN_ON_RANKS
-from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
 from paritykit.checks.metrics.draws import metric_specs
+from paritykit.checks.metrics.pinned import pinned, pinned_on_ranks
 from paritykit.checks.metrics.specs import drawn_metrics
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
@@ -34,8 +34,9 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     # a pool costs a round trip to every rank: one property over every metric, a fifth of the examples.
     for world_size in (w for w in config.world_sizes if w > 1 and pools is not None):
         pool = pools.get(world_size)
-        pinned_here = tuple(spec for metric in drawn_metrics(world_size) for spec in pinned_on_ranks(metric, world_size))
-        results += run_property(NAME, st.sampled_from(sorted(drawn_metrics(world_size))).flatmap(lambda metric: metric_specs(metric, world_size)),
+        metrics = drawn_metrics(world_size)
+        pinned_here = tuple(spec for metric in metrics for spec in pinned_on_ranks(metric, world_size))
+        results += run_property(NAME, st.sampled_from(sorted(metrics)).flatmap(lambda metric: metric_specs(metric, world_size)),
                                 lambda spec, pool=pool: run_metric_case(spec, pool),
                                 replace(config, examples=max(1, config.examples // 5)), case_id=lambda spec: spec.case_id(),
                                 explicit=pinned_here)

@@ -150,14 +150,8 @@ TARGET_PRECISIONS = (0.3, 0.5, 0.75, 0.9)
 SEGMENTED_ARGUMENTS = {"num_groups": (1, 2, 3, 4), "include_logloss": (True,), "cast_keys_to_int": (False, True),
                        "second_key_groups": (0, 1, 2, 3)}
 # With second_key_groups n, a second grouping key of n groups (GroupingKeyConfig: a value a group for each key,
-# reported as segmented_ne_<g>@<key>), its key of sample i of a batch (7 i + the first key) mod n.
+# reported as segmented_ne_<g>@<key>), its key of sample i of a batch (7 i + the first key) mod n (second_keys).
 SECOND_KEY = "country"
-
-
-def second_keys(spec: MetricSpec) -> tuple[int, ...]:
-    """The second grouping key of each sample of a batch (SEGMENTED_ARGUMENTS' second_key_groups), or none."""
-    groups = dict(spec.arguments).get("second_key_groups", 0)
-    return tuple((7 * i + key) % groups for i, key in enumerate(spec.sample_keys)) if groups else ()
 # RAUC divides by the pairs of the samples it holds: a batch of two at least (one sample is no pair).
 MIN_BATCH = {"rauc": 2, "grouped_rauc": 2}
 # And grouped, it divides by each group's pairs: every group of a batch two samples at least.
@@ -297,3 +291,9 @@ def offloaded_vias(metric: str) -> tuple[str, ...]:
         return ()
     batch_structured = PER_BATCH + SESSION_IDS + SESSION_LEVEL + LATEST_BATCH + WINDOW_ONLY
     return OFFLOADED if metric not in batch_structured else OFFLOADED[:1]
+
+
+def second_keys(spec: MetricSpec) -> tuple[int, ...]:
+    """The second grouping key of each sample of a batch (SEGMENTED_ARGUMENTS' second_key_groups), or none."""
+    groups = dict(spec.arguments).get("second_key_groups", 0)
+    return tuple((7 * i + key) % groups for i, key in enumerate(spec.sample_keys)) if groups else ()
