@@ -16,6 +16,7 @@ from paritykit.checks.sharding.known_broken import MIN_WORLD_SIZE, RULES, known_
 from paritykit.checks.sharding.optimizer_draws import optimizer_pinned_cases
 from paritykit.checks.sharding.plan_matrix import run_plan_matrix
 from paritykit.checks.sharding.pinned import pinned_cases
+from paritykit.checks.sharding.tower_matrix import run_tower_matrix
 from paritykit.dist import PoolProvider
 from paritykit.errors import HarnessError
 from paritykit.harness.hosts import HostLayout, host_layout
@@ -80,6 +81,10 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         pool = pools.get(world_size)
         results += [run_case(NAME, case.case_id(), config, lambda case=case, pool=pool: run_fp_case(case, pool))
                     for case in fp_cases(world_size, config.seed)]
+    # Embedding tower collections sharded by torchrec's tower sharder, on every layout (tower_matrix.py).
+    tower_results, tower_known_broken = run_tower_matrix(NAME, config, pools, host_layouts(config))
+    results += tower_results
+    known_broken += tower_known_broken
     fp_sizes = [w for w in config.world_sizes if w >= 2]  # one rank has no replicas to drift apart
     for case_id, body in (known_broken_fp_cases(min(fp_sizes)).values() if fp_sizes else ()):
         pool = pools.get(min(fp_sizes))

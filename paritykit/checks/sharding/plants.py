@@ -360,3 +360,4 @@ from paritykit.checks.sharding import dmp_plants  # noqa: E402,F401
 from paritykit.checks.sharding import fp_plants  # noqa: E402,F401
 from paritykit.checks.sharding import dmp_state_plants  # noqa: E402,F401
 from paritykit.checks.sharding import plan_plants  # noqa: E402,F401
+from paritykit.checks.sharding import tower_plants  # noqa: E402,F401

@@ -1,0 +1,264 @@
+"""Known torchrec issue tower-sharding-cpu-ddp-device-ids (listed for torchrec >=1.8,<1.10).
+
+DistributedModelParallel (and torchrec.distributed.shard) cannot shard an EmbeddingTowerCollection or
+EmbeddingTower on CPU: the tower sharder wraps each tower's interaction in DistributedDataParallel with
+device_ids=[device], and DDP refuses device_ids for a CPU module (ValueError). DMP's own data-parallel
+wrapper passes device_ids=None on CPU.
+
+What to do instead: on CPU, call EmbeddingTowerCollectionSharder().shard(module, plan, env, device=None)
+directly (the sharded module then lives on CPU); on GPUs DMP works.
+
+The script runs in this process alone (a gloo process group of one rank, LOCAL_WORLD_SIZE=1). It builds an
+EmbeddingTowerCollection of one tower (an EBC of one SUM table t0 of 6 rows x 4 reading f0, then a linear
+interaction 4 -> 2), weights from a seeded generator, plans t0 table-row-wise on host 0 with torchrec's
+sharding_plan helpers, and shards it with DistributedModelParallel(device=cpu). The oracle is the
+unsharded collection: the sharded one's outputs on a batch of three samples must be the unsharded
+collection's within 64 units of float32 roundoff x (|unsharded| + max|unsharded|).
+
+    python this_script.py            DistributedModelParallel shards the collection on CPU
+    python this_script.py --control  the tower sharder called directly with no device
+
+    exit 0: the sharded collection computes the unsharded one's outputs (prints OK)
+    exit 1: it does not, or torchrec raised (prints REPRODUCED and where)
+    exit 2: the script itself could not run (prints CANNOT RUN)
+"""
+
+# --- paritykit repro prelude (generated from paritykit/gate/repro_prelude.py; do not edit) ---
+# Plumbing shared by paritykit's hand-written reproductions; the script's own story follows the prelude.
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+EXIT_OK, EXIT_REPRODUCED, EXIT_CANNOT_RUN = 0, 1, 2
+TORCHREC = ("torchrec", "fbgemm_gpu")  # a raise inside these is torchrec's; elsewhere the script failed
+COLLECTIVE_TIMEOUT_S = 60  # a rank waiting on a collective gives up after this
+DEADLINE_S = 240  # the parent ends every rank after this
+
+
+def ok(message: str) -> int:
+    print(f"OK: {message}")
+    return EXIT_OK
+
+
+def reproduced(message: str) -> int:
+    print(f"REPRODUCED: {message}")
+    return EXIT_REPRODUCED
+
+
+def cannot_run(message: str) -> int:
+    print(f"CANNOT RUN: {message}")
+    return EXIT_CANNOT_RUN
+
+
+def run_script(main) -> None:
+    """Exits with ``main()``'s code; an exception that escapes it is this script's failure (exit 2), never
+    Python's exit 1, which would read as a reproduction."""
+    try:
+        code = main()
+    except Exception:  # noqa: BLE001 - whatever the script itself failed on
+        code = cannot_run(f"the script itself failed:\n{traceback.format_exc()}")
+    sys.exit(code)
+
+
+def control_requested(help_text: str) -> bool:
+    """Whether the script runs its --control: the nearest configuration torchrec computes right."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("--control", action="store_true", help=help_text)
+    return parser.parse_args().control
+
+
+def library_frame(exc: BaseException, places: tuple = TORCHREC) -> str:
+    """The innermost frame in one of ``places`` (folders such as "torchrec" or "torch/distributed") of the
+    exception's traceback, as "file:line (function: code)"; "" when the exception did not come from there."""
+    marks = [os.sep + os.path.join(*place.split("/")) + os.sep for place in places]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if any(mark in f.filename for mark in marks)]
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name}: {frames[-1].line})" if frames else ""
+
+
+def first_lines(text: str, count: int = 3) -> str:
+    """The reason on an exception's first lines (DCP's exception repeats every rank's traceback)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith((" ", "Traceback"))]
+    return " | ".join(lines[:count])
+
+
+def verdict_of_raise(exc: BaseException, what: str, places: tuple = TORCHREC) -> int:
+    """A raise out of ``what``: torchrec's is a reproduction (its type, message and frame); else CANNOT RUN."""
+    where = library_frame(exc, places)
+    if not where:
+        return cannot_run(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    return reproduced(f"{what} raised {type(exc).__name__}: {exc} (in {where})".replace("\n", " "))
+
+
+def roundoff_bound(expected: torch.Tensor, units: int = 64, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``units`` units of roundoff of ``dtype`` x (|expected| + max|expected|): a few roundings per operation
+    summed in another order stay inside; a wrong row, state or step is off by O(1)."""
+    scale = expected.abs().max() if expected.numel() else 0.0
+    return units * torch.finfo(dtype).eps / 2 * (expected.abs() + scale)
+
+
+def first_difference(actual: torch.Tensor, expected: torch.Tensor, bound, origin: tuple = (), oracle: str = "oracle") -> str:
+    """"" when ``actual`` is within ``bound`` of ``expected`` everywhere; else the shapes, or how many elements
+    differ and the first (its index in the full tensor: ``origin`` added) with both values. NaN differs."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"shape {tuple(actual.shape)} vs {oracle} {tuple(expected.shape)}"
+    bad = ~((actual - expected).abs() <= bound)
+    if not bool(bad.any()):
+        return ""
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    at = [o + i for o, i in zip(origin, index)] if origin else list(index)
+    return (f"{int(bad.sum())} of {bad.numel()} elements differ, first at {at}: "
+            f"{actual[index].item():.6g} vs {oracle} {expected[index].item():.6g}")
+
+
+def start_process_group(rank: int, world_size: int, scratch: str, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """gloo on the CPU, a file:// rendezvous in ``scratch``, collectives that give up after ``timeout_s``."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{scratch}/rendezvous", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class OneRank:
+    """A process group of this process alone (gloo, world size 1) for a with-block: DMP needs one."""
+
+    def __enter__(self) -> "OneRank":
+        self.scratch = tempfile.TemporaryDirectory(prefix="torchrec-repro-")
+        start_process_group(0, 1, self.scratch.name)
+        return self
+
+    def __exit__(self, *raised) -> bool:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.scratch.cleanup()
+        return False  # an exception goes on to the script's verdict
+
+
+def finish_rank(scratch: str, result: dict, failed: bool) -> None:
+    """Hands this rank's result (a JSON dict with its "rank") to the parent. A failed rank exits at once (another
+    may wait in a collective: torch.multiprocessing ends it); the others leave the process group together."""
+    with open(os.path.join(scratch, f"rank{result['rank']}.json"), "w") as file:
+        json.dump(result, file)
+    if failed:
+        sys.exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ranks(run_rank, args: tuple, world_size: int, deadline_s: float = DEADLINE_S) -> list:
+    """Runs ``run_rank(rank, scratch, *args)`` in ``world_size`` processes (torch.multiprocessing "spawn"),
+    ends them all after ``deadline_s``, and returns each rank's result. A rank that crashed, hung or wrote no
+    result gets {"rank": rank, "error": why}: the script could not run, never a reproduction."""
+    with tempfile.TemporaryDirectory(prefix="torchrec-repro-") as scratch:
+        context = mp.start_processes(run_rank, args=(scratch, *args), nprocs=world_size, join=False, start_method="spawn")
+        deadline, ended = datetime.datetime.now() + datetime.timedelta(seconds=deadline_s), ""
+        try:
+            while not context.join(timeout=1):
+                if datetime.datetime.now() > deadline:
+                    ended = f"it did not finish within {deadline_s} s"
+                    break
+        except Exception as exc:  # a rank exited early (it wrote why); torch.multiprocessing ended the others
+            ended = f"a rank exited early ({type(exc).__name__}: {first_lines(str(exc), 1)})"
+        results = [read_result(scratch, rank, ended) for rank in range(world_size)]
+        for result, process in zip(results, context.processes):
+            if process.is_alive():  # hung past the deadline, whatever it wrote
+                process.kill()
+                process.join()
+                result["error"] = ended
+        return results
+
+
+def read_result(scratch: str, rank: int, ended: str) -> dict:
+    try:
+        with open(os.path.join(scratch, f"rank{rank}.json")) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return {"rank": rank, "error": f"it wrote no result ({ended or 'it ended without one'})"}
+# --- end prelude ---
+
+
+SEED = 3
+IDS = [[1, 4], [], [5, 0, 2]]  # f0's ids of each sample
+
+
+def collection():
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
+
+    class Interaction(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+
+        def forward(self, pooled):
+            return self.linear(pooled.values())
+
+    generator = torch.Generator().manual_seed(SEED)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=6, feature_names=["f0"])],
+                                 device=torch.device("cpu"))
+    interaction = Interaction()
+    with torch.no_grad():
+        for param in list(ebc.parameters()) + list(interaction.parameters()):
+            param.copy_(torch.rand(param.shape, generator=generator) * 2 - 1)
+    return EmbeddingTowerCollection([EmbeddingTower(ebc, interaction)], device=torch.device("cpu"))
+
+
+def load_tables(sharded, full: dict) -> None:
+    """Each local shard of t0 gets its rows of the unsharded table."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for key, value in sharded.state_dict().items():
+        if key.endswith("embedding_bags.t0.weight") and isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                (row, column), (rows, columns) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                shard.tensor.detach().copy_(full["t0"][row:row + rows, column:column + columns])
+
+
+def main() -> int:
+    control = control_requested("call the tower sharder with no device instead of DistributedModelParallel")
+    from torchrec.distributed.embedding_tower_sharding import EmbeddingTowerCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_row_wise
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    features = KeyedJaggedTensor(keys=["f0"], values=torch.tensor([i for ids in IDS for i in ids]),
+                                 lengths=torch.tensor([len(ids) for ids in IDS]))
+    unsharded = collection()
+    expected = unsharded(features).detach()
+    with OneRank():
+        model = collection()
+        sharder = EmbeddingTowerCollectionSharder()
+        plan = construct_module_sharding_plan(model, {"t0": table_row_wise(host_index=0)}, world_size=1, local_size=1,
+                                              device_type="cpu", sharder=sharder)
+        env = ShardingEnv.from_process_group(dist.group.WORLD)
+        what = "the tower sharder called with no device" if control else "DistributedModelParallel(device=cpu)"
+        try:
+            if control:
+                sharded = sharder.shard(model, plan, env, None)
+            else:
+                holder = torch.nn.Module()
+                holder.towers = model
+                sharded = DistributedModelParallel(holder, env=env, device=torch.device("cpu"), plan=ShardingPlan({"towers": plan}),
+                                                   sharders=[sharder]).module.towers
+        except Exception as exc:  # noqa: BLE001 - torchrec's refusal is the finding; the verdict tells it apart
+            return verdict_of_raise(exc, f"sharding the tower collection with {what}")
+        load_tables(sharded, {"t0": unsharded.towers[0].embedding.embedding_bags["t0"].weight.detach()})
+        output = sharded(features)
+        output = (output.wait() if hasattr(output, "wait") else output).detach()
+    found = first_difference(output, expected, roundoff_bound(expected), oracle="unsharded")
+    if found:
+        return reproduced(f"the collection sharded by {what} computes other outputs than the unsharded one: {found}")
+    return ok(f"the collection sharded by {what} computes the unsharded collection's outputs {output.tolist()}")
+
+
+if __name__ == "__main__":
+    run_script(main)
