@@ -63,6 +63,19 @@ def sleep_on_rank_1_before_the_collective():
     dist.all_reduce(torch.ones(1))
 
 
+def a_group_created_on_rank_0_only():
+    if dist.get_rank() == 0:
+        dist.new_group(ranks=[0])
+    return "returned"
+
+
+def a_group_of_every_rank():
+    group = dist.new_group(ranks=list(range(dist.get_world_size())))
+    value = torch.ones(1)
+    dist.all_reduce(value, group=group)
+    return int(value.item())
+
+
 def assert_pool_works(pool):
     assert pool.run(rank_sum) == [3, 3]
 
@@ -133,4 +146,12 @@ def test_hang_is_cut_at_the_timeout_with_the_stacks_of_all_ranks(pool):
     assert "sleep_on_rank_1_before_the_collective" in info.value.stacks[0]
     assert "sleep_on_rank_1_before_the_collective" in info.value.stacks[1]
     assert elapsed < HANG_TIMEOUT_S + 10
+    assert_pool_works(pool)
+
+
+def test_ranks_that_return_with_their_process_groups_out_of_step_fail_the_call_and_are_replaced(pool):
+    # Left as they are, the next group every rank creates would pair up wrongly and hang in a later case.
+    with pytest.raises(RankFailure, match=r"different numbers of process groups \(ranks 0-1: \[\d+, \d+\]\).*torn down"):
+        pool.run(a_group_created_on_rank_0_only)
+    assert pool.run(a_group_of_every_rank) == [2, 2]
     assert_pool_works(pool)

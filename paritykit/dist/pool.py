@@ -26,7 +26,7 @@ from paritykit.dist.failures import FailedCall, RankOutcome
 from paritykit.dist.messages import CallRequest, InitError, Raised, RankError, Returned
 from paritykit.dist.ranks import Rank, death_signal_allowed, start_ranks, stop_ranks, take_stacks
 from paritykit.dist.rendezvous import PoolDirectory
-from paritykit.errors import HarnessError
+from paritykit.errors import HarnessError, RankFailure
 from paritykit.harness.devices import cuda_device_count, default_backend, resolve_device
 from paritykit.harness.hosts import gpus_by_host, host_layout
 
@@ -143,14 +143,26 @@ class RankPool(RunShortcuts):
                         rank.conn.send_bytes(message)
                     except OSError:
                         pass  # the rank is dead; collecting reports how it died
-                outcome = _Collector(ranks, self.failure_grace_s).collect(timeout or self.timeout)
+                collector = _Collector(ranks, self.failure_grace_s)
+                outcome = collector.collect(timeout or self.timeout)
             except BaseException:
                 # Interrupted (Ctrl-C) mid-call: the ranks are in an unknown state.
                 if self._ranks is ranks:
                     self._teardown(restart=False)
                 raise
             if isinstance(outcome, list):
-                return outcome
+                uneven = collector.uneven_group_counts()
+                if uneven is None:
+                    return outcome
+                # Every rank returned, but torch now numbers the next process group differently on some
+                # ranks: whatever creates one next (any later call) would pair ranks wrongly and hang.
+                self._teardown(restart=True)
+                raise RankFailure(
+                    f"{call.describe()}: every rank returned, but the ranks have created different numbers of process "
+                    f"groups (ranks 0-{self.world_size - 1}: {uneven}): torch numbers process groups in creation order, so "
+                    "the next group created on every rank would pair ranks that number it differently and hang "
+                    "(new_group must be entered by every rank). pool: ranks torn down; a fresh set "
+                    f"(generation {self.generation}) is starting\nreplay: {replay or self._default_replay(call)}")
             failure = self._failed_call(call, outcome, timeout or self.timeout, replay)
         raise failure.to_exception()
 
@@ -336,6 +348,12 @@ class _Collector:
             if not self.failure_order:
                 self._first_failure_at = time.perf_counter()
             self.failure_order.append(rank.rank)
+
+    def uneven_group_counts(self) -> list[int] | None:
+        """Each rank's count of process groups created, when they differ (None when they agree). Only the
+        count: a group a rank is not a member of is numbered but not kept, so the kept groups may differ."""
+        counts = [self.dist_states[rank][0] for rank in sorted(self.dist_states)]
+        return counts if len(set(counts)) > 1 else None
 
     def ranks_consistent(self) -> bool:
         """Every rank came back (returned or raised) with the same process-group state: safe to keep."""
