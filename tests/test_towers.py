@@ -22,10 +22,18 @@ from paritykit.harness import plants
 
 @pytest.mark.world_size(2)
 def test_the_pinned_towers_on_one_host_train_like_the_unsharded_collection(rank_pool):
-    (case,) = pinned_tower_cases(1, 2)
+    (case, _) = pinned_tower_cases(1, 2)
     result = run_tower_case(case, rank_pool)
     # 4 towers (8 output columns) x 2 samples x 3 steps on each of 2 ranks, and all 6 tables.
     assert (result["output_elements"], result["tables"], result["ranks"]) == (96, 6, 2)
+
+
+@pytest.mark.world_size(2)
+def test_a_single_tower_sharded_by_its_own_sharder_trains_like_the_unsharded_tower(rank_pool):
+    (_, case) = pinned_tower_cases(1, 2)
+    assert case.single and case.towers[0].weighted and case.case_id().startswith("tower 1x2")
+    # 3 output columns x 2 samples x 3 steps on each of 2 ranks.
+    assert run_tower_case(case, rank_pool)["output_elements"] == 36
 
 
 @pytest.mark.world_size(4, ranks_per_host=2)
@@ -59,8 +67,9 @@ def test_a_host_without_a_tower_puts_the_ranks_group_numbering_out_of_step_and_t
     assert first == second == third + 1 == fourth + 1
     # Brought level by the case: a group every rank creates next pairs up (it would hang otherwise).
     assert rank_pool.run(_all_reduce_over_a_new_group) == [4.0] * 4
-    # The idle host's numbers are the unsharded collection's (the gate's regular case of it).
-    assert run_tower_case(idle_host_case(2, 2), rank_pool, same_group_count=False)["output_elements"] == 16
+    # The idle host's numbers are the unsharded module's (the gate's regular cases of it), alone or in a collection.
+    for single in (False, True):
+        assert run_tower_case(idle_host_case(2, 2, single), rank_pool, same_group_count=False)["output_elements"] == 16
 
 
 @pytest.mark.world_size(2)
@@ -87,7 +96,7 @@ def test_the_unpermuted_features_plant_makes_torchrec_fail_and_is_reported(rank_
 
 @pytest.mark.world_size(2)
 def test_the_unsynced_interaction_plant_moves_torchrecs_outputs_and_is_caught(rank_pool):
-    (case,) = pinned_tower_cases(1, 2)
+    (case, _) = pinned_tower_cases(1, 2)
     clean = rank_pool.call(tower_on_rank, (case,))
     with plants.applied(["tower-interaction-not-synced"]):
         planted = rank_pool.call(tower_on_rank, (case,))

@@ -38,9 +38,10 @@ from paritykit.errors import HarnessError, ParityError
 
 def _sharder(case: TowerCase) -> Any:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.embedding_tower_sharding import EmbeddingTowerCollectionSharder
+    from torchrec.distributed.embedding_tower_sharding import EmbeddingTowerCollectionSharder, EmbeddingTowerSharder
 
-    return EmbeddingTowerCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": case.learning_rate})
+    sharder = EmbeddingTowerSharder if case.single else EmbeddingTowerCollectionSharder
+    return sharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": case.learning_rate})
 
 
 def tower_plan(case: TowerCase, collection: torch.nn.Module, sharder: Any) -> Any:
@@ -129,11 +130,13 @@ def tower_on_rank(case: TowerCase, via_dmp: bool = False) -> dict[str, Any]:
     copy_full_weights_into(sharded, tables_of(collection))
     outputs = []
     for step in range(case.steps):
-        output = _waited(sharded(*collection_inputs(*batch(case, step, rank))))
+        output = _waited(sharded(*collection_inputs(case, *batch(case, step, rank))))
         outputs.append(output.detach().clone())
         (output * upstream(case, step, rank)).sum().backward()
         _sgd_step(sharded, case.learning_rate)
-    interactions = {name: value.detach().clone() for name, value in sharded.state_dict().items() if ".interaction." in name}
+    # A single tower's keys are the collection's tower 0's (``interaction.linear.weight``).
+    interactions = {("towers.0." if case.single else "") + name: value.detach().clone()
+                    for name, value in sharded.state_dict().items() if name.startswith("interaction.") or ".interaction." in name}
     groups = None if groups_before is None else _groups_brought_level(_process_groups_created() - groups_before)
     return {"outputs": outputs, "tables": gather_full_weights(sharded), "interactions": interactions, "groups_created": groups}
 
@@ -155,7 +158,7 @@ def reference_run(case: TowerCase) -> dict[str, Any]:
     outputs: list[list[torch.Tensor]] = []
     magnitudes: list[list[torch.Tensor]] = []
     for step in range(case.steps):
-        inputs = [collection_inputs(*batch(case, step, rank)) for rank in range(case.world_size)]
+        inputs = [collection_inputs(case, *batch(case, step, rank)) for rank in range(case.world_size)]
         magnitudes.append([_magnitudes(collection, rank_inputs) for rank_inputs in inputs])
         step_outputs = [collection(*rank_inputs) for rank_inputs in inputs]
         loss = sum((output * upstream(case, step, rank)).sum() for rank, output in enumerate(step_outputs)) / case.world_size
@@ -271,8 +274,10 @@ def tower_cases(draw: st.DrawFn, hosts: int, ranks_per_host: int) -> TowerCase:
         rows = tuple(draw(st.lists(st.integers(max(2, ranks_per_host), 9), min_size=1, max_size=2)))
         towers.append(TowerShape(rows, draw(st.integers(1, 3)), placement, host, columns, draw(st.booleans())))
     features = sum(len(tower.rows) for tower in towers)
+    # One tower on one host may be sharded alone (EmbeddingTowerSharder); across hosts it leaves hosts idle.
+    single = len(towers) == 1 and hosts == 1 and draw(st.booleans())
     return TowerCase(hosts, ranks_per_host, tuple(towers), draw(st.integers(1, 3)), 2,
-                     tuple(draw(st.permutations(range(features)))), draw(st.integers(0, 2**16)))
+                     tuple(draw(st.permutations(range(features)))), draw(st.integers(0, 2**16)), single=single)
 
 
 def pinned_tower_cases(hosts: int, ranks_per_host: int) -> tuple[TowerCase, ...]:
@@ -287,7 +292,11 @@ def pinned_tower_cases(hosts: int, ranks_per_host: int) -> tuple[TowerCase, ...]
         TowerShape((max(6, ranks_per_host),), 2, "table_row_wise", last, weighted=True),
     )
     features = sum(len(tower.rows) for tower in towers)
-    return (TowerCase(hosts, ranks_per_host, towers, 2, 3, tuple(reversed(range(features))), seed=11),)
+    collection = TowerCase(hosts, ranks_per_host, towers, 2, 3, tuple(reversed(range(features))), seed=11)
+    if hosts > 1:
+        return (collection,)
+    # A single EmbeddingTower (weighted, column shards out of rank order): its own sharder.
+    return collection, TowerCase(hosts, ranks_per_host, (towers[1],), 2, 3, (0,), seed=13, single=True)
 
 
 def out_of_order_case(hosts: int, ranks_per_host: int) -> TowerCase:
@@ -296,9 +305,11 @@ def out_of_order_case(hosts: int, ranks_per_host: int) -> TowerCase:
     return TowerCase(hosts, ranks_per_host, towers, 2, 1, (0, 1), seed=5)
 
 
-def idle_host_case(hosts: int, ranks_per_host: int) -> TowerCase:
-    """One tower, on host 0: the other hosts' ranks build no intra-host sharding environment."""
-    return TowerCase(hosts, ranks_per_host, (TowerShape((max(4, ranks_per_host),), 2, "table_row_wise", 0),), 2, 1, (0,), seed=7)
+def idle_host_case(hosts: int, ranks_per_host: int, single: bool = False) -> TowerCase:
+    """One tower, on host 0 (in a collection, or alone): the other hosts' ranks build no intra-host
+    sharding environment."""
+    return TowerCase(hosts, ranks_per_host, (TowerShape((max(4, ranks_per_host),), 2, "table_row_wise", 0),), 2, 1, (0,),
+                     seed=7, single=single)
 
 
 def dmp_case(world_size: int) -> TowerCase:

@@ -40,11 +40,13 @@ def run_tower_matrix(check: str, config: GateConfig, pools: Any, layouts: list[H
         results += run_property(check, tower_cases(hosts.hosts, hosts.ranks_per_host), lambda case, pool=pool: run_tower_case(case, pool),
                                 config, case_id=lambda case: case.case_id(),
                                 explicit=pinned_tower_cases(hosts.hosts, hosts.ranks_per_host))
-    # A host without a tower (its known-broken case below holds the process groups it desyncs): the numbers.
+    # A host without a tower, in a collection or a single tower sharded alone (its known-broken case below
+    # holds the process groups it desyncs): the numbers.
     for hosts in (h for h in layouts if h.hosts > 1):
-        pool, case = pools.get(hosts.world_size, ranks_per_host=hosts.ranks_per_host), idle_host_case(hosts.hosts, hosts.ranks_per_host)
-        results.append(run_case(check, f"{case.case_id()} numbers of an idle host", config,
-                                lambda case=case, pool=pool: run_tower_case(case, pool, same_group_count=False)))
+        pool = pools.get(hosts.world_size, ranks_per_host=hosts.ranks_per_host)
+        for case in (idle_host_case(hosts.hosts, hosts.ranks_per_host, single) for single in (False, True)):
+            results.append(run_case(check, f"{case.case_id()} numbers of an idle host", config,
+                                    lambda case=case, pool=pool: run_tower_case(case, pool, same_group_count=False)))
     known_broken: list[CaseResult] = []
     smallest = min(layouts, key=lambda h: h.world_size)
     rule = "tower-sharding-cpu-ddp-device-ids"

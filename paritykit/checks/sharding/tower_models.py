@@ -59,6 +59,7 @@ class TowerCase:
     key_order: tuple[int, ...]
     seed: int = 0
     learning_rate: float = 0.1
+    single: bool = False  # the one tower's EmbeddingTower itself (EmbeddingTowerSharder), not a collection
 
     def __post_init__(self) -> None:
         for index, tower in enumerate(self.towers):
@@ -73,6 +74,8 @@ class TowerCase:
             if tower.placement == "table_row_wise" and min(tower.rows) < self.ranks_per_host:
                 raise HarnessError(f"tower {index}: a table of {min(tower.rows)} rows leaves one of the host's "
                                    f"{self.ranks_per_host} ranks no rows (a known torchrec refusal on CPU)")
+        if self.single and len(self.towers) != 1:
+            raise HarnessError(f"a single EmbeddingTower case has one tower, not {len(self.towers)}")
         if sorted(self.key_order) != list(range(len(self.features()))):
             raise HarnessError(f"key order {list(self.key_order)} is not a permutation of the {len(self.features())} features")
 
@@ -91,7 +94,7 @@ class TowerCase:
 
     def case_id(self) -> str:
         towers = " ".join(tower.describe() for tower in self.towers)
-        return (f"towers {self.hosts}x{self.ranks_per_host} [{towers}] batch={self.batch_size} steps={self.steps} "
+        return (f"{'tower' if self.single else 'towers'} {self.hosts}x{self.ranks_per_host} [{towers}] batch={self.batch_size} steps={self.steps} "
                 f"keys={list(self.key_order)} seed={self.seed}")
 
 
@@ -132,19 +135,25 @@ def build_collection(case: TowerCase) -> torch.nn.Module:
             for param in list(ebc.parameters()) + list(interaction.parameters()):
                 param.copy_(torch.rand(param.shape, generator=draw) * 2 - 1)
         towers.append(EmbeddingTower(ebc, interaction))
-    return EmbeddingTowerCollection(towers, device=cpu)
+    return towers[0] if case.single else EmbeddingTowerCollection(towers, device=cpu)
+
+
+def towers_of(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The towers of a collection, or the single EmbeddingTower itself."""
+    return list(module.towers) if hasattr(module, "towers") else [module]
 
 
 def tables_of(collection: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Each table's weight of an unsharded collection, by table name."""
-    return {name: bag.weight.detach().clone() for tower in collection.towers
+    """Each table's weight of an unsharded collection (or tower), by table name."""
+    return {name: bag.weight.detach().clone() for tower in towers_of(collection)
             for name, bag in tower.embedding.embedding_bags.items()}
 
 
 def interactions_of(collection: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Each interaction parameter of an unsharded collection, named as the sharded state_dict names it."""
+    """Each interaction parameter of an unsharded collection (or tower), named as a sharded collection's
+    state_dict names it (``towers.<t>.interaction.<name>``)."""
     return {f"towers.{t}.interaction.{name}": param.detach().clone()
-            for t, tower in enumerate(collection.towers) for name, param in tower.interaction.named_parameters()}
+            for t, tower in enumerate(towers_of(collection)) for name, param in tower.interaction.named_parameters()}
 
 
 def batch(case: TowerCase, step: int, rank: int) -> tuple[Any, Any]:
@@ -181,6 +190,9 @@ def upstream(case: TowerCase, step: int, rank: int) -> torch.Tensor:
     return torch.rand((case.batch_size, width), generator=generator("tower upstream", case.seed, step, rank)) * 2 - 1
 
 
-def collection_inputs(features: Any, weighted: Any) -> tuple[Any, ...]:
-    """The positional arguments of a collection's forward: (features,) alone when no tower is weighted."""
+def collection_inputs(case: TowerCase, features: Any, weighted: Any) -> tuple[Any, ...]:
+    """The positional arguments of the module's forward: a collection's (features, weighted features),
+    (features,) alone when no tower is weighted; a single tower's EBC its one KJT, weighted or not."""
+    if case.single:
+        return (weighted if features is None else features,)
     return (features,) if weighted is None else (features, weighted)
