@@ -125,6 +125,20 @@ def test_known_issue_marking_is_idempotent_and_still_counts_as_reproduced():
     assert once.cases[0].message.startswith("known issue: upstream bug\nboom")
 
 
+def test_a_known_issue_with_a_symptom_excuses_only_the_failure_that_shows_it():
+    from paritykit.checks.known_issues import KnownIssue, apply
+    from paritykit.gate.report import CaseResult
+
+    issue = KnownIssue(check="c", case="broken-*", reason="upstream bug", id="bug", symptom=r"columns in host order")
+    cases = [CaseResult("c", "broken-1", "fail", message="outputs differ: they are its columns in host order"),
+             CaseResult("c", "broken-2", "fail", message="rank 0 raised IndexError"),
+             CaseResult("c", "broken-3", "skip", message="not under torchrun")]
+    judged = apply(cases, [issue], {})
+    assert [c.status for c in judged.cases] == ["known-issue", "fail", "skip"]
+    assert judged.cases[1].message.startswith("fails otherwise than known issue bug: its failure shows /columns in host order/")
+    assert judged.stale == []  # reproduced by the first case; a skip never makes an entry stale either
+
+
 def test_unknown_benchmark_exits_2_listing_the_available_ones(capsys):
     assert cli.main(["bench", "no-such-bench"]) == 2
     bench = Path(__file__).resolve().parent.parent / "bench"

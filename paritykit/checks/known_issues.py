@@ -33,6 +33,11 @@ The file is TOML::
     reference = "https://github.com/pytorch/torchrec/issues/..."   # optional
     id = "ec-dense-kernel"                                         # optional: names the entry (below)
     workaround = "use the fused kernel (an optimizer in backward)" # optional: what to do instead
+    symptom = "output split"                                       # optional: a regex the failure must show
+
+With a ``symptom`` only a failure whose message matches it (``re.search``) is the known issue: the same
+case failing another way is a failure, noted as matching the entry's case but not its symptom (a new
+defect on a path a known one already breaks must not hide behind it).
 
 An entry with an ``id`` is also matched by configuration (``known_configurations.py``): the check
 that defines the issue registers which configurations show it and the smallest one that does, so a
@@ -45,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -58,7 +64,7 @@ from paritykit.errors import HarnessError
 from paritykit.harness.versions import installed_versions
 
 DEFAULT_FILE = Path(__file__).with_name("known_issues.toml")
-FIELDS = ("check", "case", "reason", "reference", "versions", "fixed_in", "draws", "id", "workaround")
+FIELDS = ("check", "case", "reason", "reference", "versions", "fixed_in", "draws", "id", "workaround", "symptom")
 DRAW_KEYS = ("device", "module", "kernel", "sharding", "rule")
 
 
@@ -86,6 +92,7 @@ class KnownIssue:
     draws: dict[str, str] = field(default_factory=dict)
     id: str = ""
     workaround: str = ""
+    symptom: str = ""
 
     def standing(self, installed: dict[str, str]) -> str:
         """"applies", "fixed" or "elsewhere" on a stack with these installed versions."""
@@ -99,6 +106,10 @@ class KnownIssue:
         return "elsewhere"
 
     def matches(self, case: CaseResult) -> bool:
+        return self.matches_case(case) and (not self.symptom or re.search(self.symptom, case.message or "") is not None)
+
+    def matches_case(self, case: CaseResult) -> bool:
+        """The case pattern alone (whatever the failure shows)."""
         return case.check == self.check and fnmatch.fnmatch(case.case_id, self.case)
 
     def listed_for(self) -> str:
@@ -138,7 +149,8 @@ def _entry(path: Path, index: int, entry: dict) -> KnownIssue:
             version_matches("0", spec)
         for first in issue.fixed_in.values():
             Version(first)
-    except (InvalidSpecifier, InvalidVersion) as exc:
+        re.compile(issue.symptom)
+    except (InvalidSpecifier, InvalidVersion, re.error) as exc:
         raise HarnessError(f"{where} ({issue.case!r}): {exc}") from exc
     by_rule = set(issue.draws) == {"rule"}
     if issue.draws and not by_rule and (set(issue.draws) - set(DRAW_KEYS) or not {"device", "module"} <= set(issue.draws)
@@ -263,11 +275,11 @@ def apply(cases: list[CaseResult], issues: list[KnownIssue], installed: dict[str
     standing = {index: issue.standing(installed) for index, issue in enumerate(issues)}
     reproduced: set[int] = set()
     out = []
-    not_run = {i for case in cases if case.status == "skip" for i, issue in enumerate(issues) if issue.matches(case)}
+    not_run = {i for case in cases if case.status == "skip" for i, issue in enumerate(issues) if issue.matches_case(case)}
     for case in cases:
         hit = _matching(case, issues, standing)
         if hit is None:
-            out.append(case)
+            out.append(_noted_other_symptom(case, issues))
             continue
         issue = issues[hit]
         if standing[hit] == "fixed":
@@ -293,6 +305,18 @@ def _matching(case: CaseResult, issues: list[KnownIssue], standing: dict[int, st
         if hit is not None:
             return hit
     return None
+
+
+def _noted_other_symptom(case: CaseResult, issues: list[KnownIssue]) -> CaseResult:
+    """A failing case an entry's pattern names, failing otherwise than its symptom: said so, still a failure."""
+    if case.status != "fail":
+        return case
+    other = next((issue for issue in issues if issue.symptom and issue.matches_case(case)), None)
+    if other is None or case.message.startswith("fails otherwise than known issue"):
+        return case
+    note = (f"fails otherwise than known issue {other.id or repr(other.case)}: its failure shows /{other.symptom}/, this one "
+            "does not (a new defect on a path the known one breaks)")
+    return replace(case, message=f"{note}\n{case.message}")
 
 
 def _marked(case: CaseResult, issue: KnownIssue, standing: str, installed: dict[str, str]) -> CaseResult:
