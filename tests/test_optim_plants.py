@@ -120,3 +120,15 @@ def test_the_plant_moves_torchrecs_numbers_and_the_check_catches_it(rank_pool, p
     assert run_optim_case(case, rank_pool)["steps"] == case.steps
     if dense is not None:
         assert run_dense_case(pinned_dense_cases()[dense])
+
+
+def test_fuse_embedding_optimizer_rewrites_a_model_in_place_into_a_fused_module_that_trains_like_the_plain_one():
+    from dataclasses import replace
+
+    from paritykit.checks.optim.fused_module_cases import run_fused_module_case
+    from paritykit.checks.optim.matrix import pinned_fused_module_cases
+
+    nested = pinned_fused_module_cases()[-1]
+    assert nested.via == "fuse_embedding_optimizer:nested" and "via=fuse_embedding_optimizer:nested" in nested.case_id()
+    for case in (nested, replace(nested, via="fuse_embedding_optimizer")):
+        assert run_fused_module_case(case)["steps"] == len(case.steps)

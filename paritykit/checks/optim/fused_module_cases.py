@@ -1,6 +1,6 @@
 """torchrec's fused-optimizer module, unsharded, in the caller (no ranks): FusedEmbeddingBagCollection
 takes a torch optimizer type and its keyword arguments and runs fbgemm's version of it inside
-backward. It is trained a few steps against the plain EBC with the same weights trained by the
+backward; built directly, or by ``fuse_embedding_optimizer`` from an EBC or from a model holding one. It is trained a few steps against the plain EBC with the same weights trained by the
 optimizer's reference (torch's SGD and Adagrad, paritykit's row-wise Adagrad written out): the
 outputs of every step and the final tables must agree within the norm-wise bound.
 (FusedEmbeddingCollection asserts a CUDA or meta device: it does not run on a CPU.)
@@ -25,6 +25,7 @@ from paritykit.harness.optimizers.spec import OptimizerSpec
 from paritykit.harness.seeding import generator, stable_seed
 from paritykit.harness.tables import TableSpec, build_ebc, feature_names_of, kjt_from_rows
 
+VIAS = ("constructor", "fuse_embedding_optimizer", "fuse_embedding_optimizer:nested")
 # optimizer name -> the type a user hands the fused module ("module:Class")
 OPTIMIZER_TYPES = {"sgd": "torch.optim:SGD", "adagrad": "torch.optim:Adagrad", "rowwise_adagrad": "torchrec.optim:RowWiseAdagrad"}
 
@@ -36,11 +37,15 @@ class FusedModuleCase:
     tables: tuple[TableSpec, ...]
     steps: tuple[RankBatch, ...]  # one batch a step
     seed: int = 0
+    # How the fused module is made: constructed, or by fuse_embedding_optimizer from the EBC itself or from
+    # a model holding it (which the function rewrites in place).
+    via: str = "constructor"
 
     def case_id(self) -> str:
         tables = ", ".join(f"{t.name}[{t.num_embeddings}x{t.embedding_dim} {'/'.join(t.feature_names)}"
                            + f" {t.pooling}]" for t in self.tables)
-        return (f"fused ebc optimizer={self.optimizer}{dict(self.hypers)} steps={len(self.steps)} "
+        made = "" if self.via == "constructor" else f" via={self.via}"
+        return (f"fused ebc{made} optimizer={self.optimizer}{dict(self.hypers)} steps={len(self.steps)} "
                 f"tables=({tables}) seed={self.seed} #{stable_seed(repr(self)) % 16**8:08x}")
 
 
@@ -57,18 +62,32 @@ def fused_module_cases(draw: Any) -> FusedModuleCase:
                                             for _ in range(2)))
                                   for t in tables for f in t.feature_names))
                   for _ in range(3))
-    return FusedModuleCase(optimizer, tuple(hypers), tables, steps, draw(st.integers(0, 2**16)))
+    return FusedModuleCase(optimizer, tuple(hypers), tables, steps, draw(st.integers(0, 2**16)), draw(st.sampled_from(VIAS)))
 
 
 def _fused_module(case: FusedModuleCase, plain: torch.nn.Module) -> torch.nn.Module:
+    import copy
     import importlib
 
-    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection, fuse_embedding_optimizer
 
     module_name, class_name = OPTIMIZER_TYPES[case.optimizer].split(":")
     optimizer_type = getattr(importlib.import_module(module_name), class_name)
-    fused = FusedEmbeddingBagCollection(tables=plain.embedding_bag_configs(), optimizer_type=optimizer_type,
-                                        optimizer_kwargs=dict(case.hypers), device=torch.device("cpu"))
+    options = {"optimizer_type": optimizer_type, "optimizer_kwargs": dict(case.hypers), "device": torch.device("cpu")}
+    if case.via == "constructor":
+        fused = FusedEmbeddingBagCollection(tables=plain.embedding_bag_configs(), **options)
+    elif case.via == "fuse_embedding_optimizer":
+        fused = fuse_embedding_optimizer(copy.deepcopy(plain), **options)
+    else:  # a model holding the EBC one level down, rewritten in place
+        model = torch.nn.Module()
+        model.arch = torch.nn.Module()
+        model.arch.ebc = copy.deepcopy(plain)
+        if fuse_embedding_optimizer(model, **options) is not model:
+            raise ParityError(f"{case.case_id()}: fuse_embedding_optimizer returned another module than the model it rewrites")
+        fused = model.arch.ebc
+    if not isinstance(fused, FusedEmbeddingBagCollection):
+        raise ParityError(f"{case.case_id()}: {case.via} left a {type(fused).__name__}, not a FusedEmbeddingBagCollection")
+    # The fused module starts from fresh weights (documented): the plain module's are loaded into it.
     fused.load_state_dict(plain.state_dict())
     return fused
 

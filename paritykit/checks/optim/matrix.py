@@ -28,14 +28,17 @@ EXAMPLES_PER_FUSED_MODULE_CASE = 5
 
 
 def pinned_fused_module_cases() -> tuple[FusedModuleCase, ...]:
-    """Each optimizer type a user hands FusedEmbeddingBagCollection, far from fbgemm's defaults."""
+    """Each optimizer type a user hands FusedEmbeddingBagCollection, far from fbgemm's defaults; and one
+    through fuse_embedding_optimizer."""
     from paritykit.harness.configuration import RankBatch
     from paritykit.harness.tables import TableSpec
 
     tables = (TableSpec("t0", 6, 4, ("f0", "f1")), TableSpec("t1", 5, 8, ("f2",), "MEAN"))
     steps = tuple(RankBatch((("f0", ((1, 2), (3,))), ("f1", ((2,), ())), ("f2", ((0, 4, 4), (1,))))) for _ in range(3))
-    return tuple(FusedModuleCase(name, hypers, tables, steps, seed=3) for name, hypers in (
+    built = tuple(FusedModuleCase(name, hypers, tables, steps, seed=3) for name, hypers in (
         ("sgd", (("lr", 0.2),)), ("adagrad", (("lr", 0.5), ("eps", 1e-2))), ("rowwise_adagrad", (("lr", 0.5), ("eps", 1e-2)))))
+    # fuse_embedding_optimizer rewriting a model that holds the EBC one level down.
+    return built + (FusedModuleCase("adagrad", (("lr", 0.5), ("eps", 1e-2)), tables, steps, seed=4, via="fuse_embedding_optimizer:nested"),)
 
 
 def pinned_dense_cases() -> tuple:
