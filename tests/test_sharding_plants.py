@@ -68,10 +68,11 @@ def test_every_sharding_plant_has_a_case():
     from test_plan_helpers import PLAN_PLANTS, RANK_PLANTS  # plan helpers, init bounds, the FP16 wire, the dense VBE oracle
     from test_fp_plants import PLANT_CASES as FP_PLANT_CASES  # the feature-processed EBCs'
     from test_dmp_state_plants import RESHARD_PLANTS, SURFACE_PLANTS  # DMP.reshard and the sharded state surface
+    from test_towers import TOWER_PLANTS  # the tower sharding's
 
     registered = {name for name, plant in plants.PLANTS.items() if plant.check == "sharding"}
     assert registered == (set(PLANT_CASES) | set(CROSS_HOST_PLANT_CASES) | NON_SQUARE_HOST_PLANTS | set(DMP_PLANT_CASES) | set(COLLECTIVE_PLANTS)
-                          | set(PLAN_PLANTS) | RANK_PLANTS | set(FP_PLANT_CASES) | set(RESHARD_PLANTS) | set(SURFACE_PLANTS))
+                          | set(PLAN_PLANTS) | RANK_PLANTS | set(FP_PLANT_CASES) | set(RESHARD_PLANTS) | set(SURFACE_PLANTS) | TOWER_PLANTS)
 
 
 @pytest.mark.world_size(2)

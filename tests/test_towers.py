@@ -20,6 +20,16 @@ from paritykit.errors import HarnessError, ParityError, RankFailure
 from paritykit.harness import plants
 
 
+# Each tower plant, and the test below that shows it caught.
+TOWER_PLANTS = {"tower-features-not-permuted", "tower-interaction-not-synced"}
+
+
+def test_every_tower_plant_has_a_test():
+    from paritykit.checks.sharding import tower_plants
+
+    assert {name for name, plant in plants.PLANTS.items() if plant.module == tower_plants.__name__} == TOWER_PLANTS
+
+
 @pytest.mark.world_size(2)
 def test_the_pinned_towers_on_one_host_train_like_the_unsharded_collection(rank_pool):
     (case, _) = pinned_tower_cases(1, 2)
