@@ -78,11 +78,11 @@ def _sgd_step(sharded: torch.nn.Module, learning_rate: float) -> None:
             param.grad = None
 
 
-def _process_groups_created() -> int | None:
-    """How many process groups this process has created (torch's count; None where torch keeps none)."""
-    from torch.distributed import distributed_c10d
+def _process_groups_created() -> int:
+    """How many process groups this process has created: the count the pool compares after every call."""
+    from paritykit.dist.worker import dist_state
 
-    return getattr(getattr(distributed_c10d, "_world", None), "group_count", None)
+    return dist_state()[0]
 
 
 def _groups_brought_level(count: int) -> list[int]:
@@ -137,7 +137,7 @@ def tower_on_rank(case: TowerCase, via_dmp: bool = False) -> dict[str, Any]:
     # A single tower's keys are the collection's tower 0's (``interaction.linear.weight``).
     interactions = {("towers.0." if case.single else "") + name: value.detach().clone()
                     for name, value in sharded.state_dict().items() if name.startswith("interaction.") or ".interaction." in name}
-    groups = None if groups_before is None else _groups_brought_level(_process_groups_created() - groups_before)
+    groups = _groups_brought_level(_process_groups_created() - groups_before)
     return {"outputs": outputs, "tables": gather_full_weights(sharded), "interactions": interactions, "groups_created": groups}
 
 
@@ -243,7 +243,7 @@ def compare_tower_run(case: TowerCase, per_rank: list[dict[str, Any]], reference
             if found:
                 raise ParityError(f"after {case.steps} step(s): {'; '.join(found[:2])} [{case.case_id()}]")
     created = per_rank[0]["groups_created"]
-    if same_group_count and created is not None and len(set(created)) > 1:
+    if same_group_count and len(set(created)) > 1:
         raise ParityError(f"sharding created {created} process groups on ranks 0-{case.world_size - 1}: torch numbers process "
                           "groups in creation order on every rank, so the next group created on every rank pairs ranks "
                           f"that number it differently and hangs [{case.case_id()}]")
