@@ -140,3 +140,17 @@ def test_the_planner_callbacks_run_in_order_and_the_plan_follows_the_last_and_a_
     monkeypatch.setattr(planners.EmbeddingShardingPlanner, "__init__", forgetting)
     with pytest.raises(ParityError, match="the callbacks ran as \\[\\]"):
         run_callback_case()
+
+
+def test_the_planner_spreads_equal_tables_over_hosts_and_a_tie_break_by_rank_is_caught(monkeypatch):
+    from torchrec.distributed.planner import partitioners
+
+    from paritykit.checks.planner.spread_case import SpreadCase, run_spread_case, spread_cases
+
+    assert [case.count for case in spread_cases(2, 2)] == [2, 3, 4] and spread_cases(1, 4) == ()
+    assert [run_spread_case(case)["tables"] for case in spread_cases(2, 2)] == [2, 3, 4]
+    # A partitioner that breaks ties between ranks of equal load by rank alone fills host 0 first.
+    monkeypatch.setattr(partitioners.OrderedDeviceHardware, "__lt__",
+                        lambda self, other: (self.device.perf.total, self.device.rank) < (other.device.perf.total, other.device.rank))
+    with pytest.raises(ParityError, match=r"put \[2, 0\] tables on the hosts"):
+        run_spread_case(SpreadCase(2, 2, 2))

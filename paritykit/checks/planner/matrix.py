@@ -1,6 +1,7 @@
 """The planner check's gate entry: drawn planner cases on every world size (one host) and on the
 config's layouts of several hosts, a few per layout (each trains on its pool), and on each layout the
-placements offered to GPU ranks only, planned for cuda and held to the plan's rules."""
+placements offered to GPU ranks only, planned for cuda and held to the plan's rules; on several hosts,
+equal tables spread over them (spread_case.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
+from paritykit.checks.planner.spread_case import run_spread_case, spread_cases
 from paritykit.checks.planner.value_types import value_type_case
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
@@ -41,4 +43,6 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
                                 explicit=pinned_cases(hosts.world_size, hosts.ranks_per_host))
         for case in gpu_only_cases(hosts.world_size, hosts.ranks_per_host):
             results.append(run_case(NAME, f"{case.case_id()} planned for cuda", config, lambda case=case: run_gpu_plan_case(case)))
+        for spread in spread_cases(hosts.hosts, hosts.ranks_per_host):
+            results.append(run_case(NAME, spread.case_id(), config, lambda spread=spread: run_spread_case(spread)))
     return results
