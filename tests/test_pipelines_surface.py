@@ -124,6 +124,12 @@ def test_plain_accumulation_is_one_step_per_window_of_summed_gradients_by_hand()
             param -= lr * grad
     for (name, expected), actual in zip(by_hand.state_dict().items(), model.state_dict().values()):
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7, msg=name)
+    # Left inside its last window, the loop steps the full window only: the third batch's gradient is dropped.
+    left = _Linear()
+    left.load_state_dict(start)
+    accumulate_plainly(left, torch.optim.SGD(left.parameters(), lr=lr), batches, num_steps=2, step_last_window=False)
+    for (name, value), grad in zip(left.state_dict().items(), window):
+        torch.testing.assert_close(value, start[name] - lr * grad, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_the_eval_reference_is_the_unsharded_models_eval_forward_and_trains_nothing():
@@ -155,6 +161,7 @@ def test_every_surface_case_passes_on_the_installed_torchrec(rank_pool):
     assert set(available(EVAL)) <= set(eval_metrics)
     accumulated = metrics["dlrm/gradient-accumulation"]
     assert {m["steps"] for name, m in accumulated.items() if "warm-up" not in name} == {5}
+    assert accumulated["sparse_dist[accumulating, epoch left after 3]"]["steps"] == 3 + 2  # the left epoch's, then the next
     assert [m["steps"] for name, m in accumulated.items() if "warm-up" in name] == [6]  # one epoch of all six
     staged = metrics["dlrm/staged"]
     # Looking batch i+1 up before batch i's backward is semi-synchronous: not exact, but bounded.

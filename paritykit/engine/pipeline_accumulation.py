@@ -14,7 +14,11 @@ counts the all-reduces of each step with a DDP communication hook (torch's own `
 does the reduction) and holds the wrapper to it on every rank.
 
 The data may come in epochs: after each epoch the wrapper's ``reset()`` (which resets the pipeline
-too) starts the next one on a fresh iterator, and the plain loop starts a fresh window.
+too) starts the next one on a fresh iterator, and the plain loop starts a fresh window. The first
+epoch may be abandoned inside a window (``abandon_after``: the loop stops calling ``progress()``, as
+a user breaking out of it does, and resets): the window's gradients are dropped, never stepped, and
+the batches the pipeline had fetched ahead are never trained; the plain loop trains the batches up
+to there and steps the full windows only.
 """
 
 from __future__ import annotations
@@ -44,10 +48,19 @@ class AccumulationDrive:
     epochs: tuple[int, ...] = ()  # batches per epoch; () means one epoch of every batch
     mark_last: bool = True
     warmup: int = 1  # GradientAccumulationConfig.num_warmup_steps (its default)
+    abandon_after: int = 0  # the first epoch left after this many batches (0: every epoch run to its end)
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.abandon_after and (self.abandon_after % self.num_steps == 0 or not self.epochs
+                                   or self.abandon_after >= self.epochs[0]):
+            raise ValueError(f"abandon_after={self.abandon_after} must end the first epoch ({self.epochs[:1]} batches) "
+                             f"inside a window of {self.num_steps}")
+
+    def trained_of(self, epoch: int, batches: list[Any]) -> list[Any]:
+        """The batches of an epoch the loop trains: all, or the abandoned epoch's first ones."""
+        return batches[: self.abandon_after] if epoch == 0 and self.abandon_after else batches
 
     def epochs_of(self, batches: list[Any]) -> list[list[Any]]:
         sizes = self.epochs or (len(batches),)
@@ -58,7 +71,9 @@ class AccumulationDrive:
 
     def __call__(self, model: Any, optimizer: Any, batches: list[Any], device: torch.device) -> list[Any]:
         if self.pipeline == PLAIN:
-            return [out for epoch in self.epochs_of(batches) for out in accumulate_plainly(model, optimizer, epoch, self.num_steps)]
+            return [out for index, epoch in enumerate(self.epochs_of(batches))
+                    for out in accumulate_plainly(model, optimizer, self.trained_of(index, epoch), self.num_steps,
+                                                  step_last_window=not (index == 0 and self.abandon_after))]
         from torchrec.distributed.train_pipeline.gradient_accumulation import (
             GradientAccumulationConfig,
             GradientAccumulationWrapper,
@@ -69,10 +84,11 @@ class AccumulationDrive:
         wrapped = GradientAccumulationWrapper(pipeline, optimizer, model, config)
         reductions = _count_all_reduces(model)
         outputs: list[Any] = []
-        for epoch in self.epochs_of(batches):
+        for index, epoch in enumerate(self.epochs_of(batches)):
             synced: list[bool] = []
-            outputs += self._epoch(wrapped, epoch, reductions, synced)
-            expected = expected_syncs(len(epoch), self.num_steps, self.warmup, self.mark_last)
+            trained = len(self.trained_of(index, epoch))
+            outputs += self._epoch(wrapped, epoch, reductions, synced, trained)
+            expected = expected_syncs(len(epoch), self.num_steps, self.warmup, self.mark_last)[:trained]
             if self.mark_last and synced != expected:
                 raise ParityError(f"{self.pipeline} under gradient accumulation ({self.num_steps} steps, {self.warmup} warm-up): "
                                   f"DDP all-reduced at steps {[i for i, s in enumerate(synced) if s]}, "
@@ -82,9 +98,11 @@ class AccumulationDrive:
                 raise ParityError(f"GradientAccumulationWrapper.reset() left the step counter at {wrapped.current_step}")
         return outputs
 
-    def _epoch(self, wrapped: Any, batches: list[Any], reductions: list[int], synced: list[bool]) -> list[Any]:
+    def _epoch(self, wrapped: Any, batches: list[Any], reductions: list[int], synced: list[bool], trained: int) -> list[Any]:
         data, outputs = iter(batches), []
         while len(outputs) <= len(batches) + EXTRA_STEPS_ALLOWED:
+            if trained < len(batches) and len(outputs) == trained:
+                return outputs  # abandoned: the loop stops calling progress()
             last = self.mark_last and len(outputs) == len(batches) - 1
             before = reductions[0]
             try:
@@ -132,16 +150,17 @@ def _count_all_reduces(model: Any) -> list[int]:
     return count
 
 
-def accumulate_plainly(model: Any, optimizer: Any, batches: list[Any], num_steps: int) -> list[Any]:
+def accumulate_plainly(model: Any, optimizer: Any, batches: list[Any], num_steps: int, step_last_window: bool = True) -> list[Any]:
     """The oracle: dense gradients summed over each window of ``num_steps`` batches, one dense step
-    per window (the last one may be short); the loss back-propagated as torchrec's pipelines do."""
+    per window (the last one may be short, and is dropped unstepped unless ``step_last_window``); the
+    loss back-propagated as torchrec's pipelines do."""
     predictions = []
     for index, batch in enumerate(batches):
         if index % num_steps == 0:
             optimizer.zero_grad()
         loss, prediction = split_output(model(batch))
         torch.sum(loss, dim=0).backward()
-        if (index + 1) % num_steps == 0 or index == len(batches) - 1:
+        if (index + 1) % num_steps == 0 or (step_last_window and index == len(batches) - 1):
             optimizer.step()
         predictions.append(prediction_of((loss, prediction)))
     return predictions

@@ -48,6 +48,8 @@ ACCUMULATION_STEPS = 2
 ACCUMULATION_EPOCHS = (3, 2)
 # Then one epoch of all six batches with three warm-up steps: all-reduces at 0, 1, 2, 3, 5, none at 4.
 ACCUMULATION_WARMUP = 3
+# And two epochs of four and two batches, the first left after three (inside its second window) and reset.
+ACCUMULATION_ABANDONED = ((4, 2), 3)
 # The eval dataloader fails at this batch: retriably (skipped) or not (raised).
 FAILING_BATCH = 1
 # EvalPipelineSparseDist is reset after this many batches of the six (its thread must end).
@@ -99,6 +101,17 @@ def eval_pipelines(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
     return metrics
 
 
+def _accumulation_abandoned(pool: Any, setup: TrainingSetup, tolerance: Any) -> dict[str, Any]:
+    """An epoch left inside a window and the wrapper reset: the next epoch starts a clean window (the
+    left window's gradients dropped, never stepped), as the plain loop that trains the same batches."""
+    (epochs, after), name = ACCUMULATION_ABANDONED, f"sparse_dist[accumulating, epoch left after {ACCUMULATION_ABANDONED[1]}]"
+    setup = replace(setup, batches=setup.batches[: sum(epochs)])
+    plain = run_driven(pool, setup, AccumulationDrive(PLAIN, ACCUMULATION_STEPS, epochs, abandon_after=after), "plain[accumulating, epoch left]")
+    record = run_driven(pool, setup, AccumulationDrive("sparse_dist", ACCUMULATION_STEPS, epochs, abandon_after=after), name)
+    return {name: assert_within(plain, record, ("plain[accumulating, epoch left]", name), tolerance,
+                                "reset() after an epoch left inside a window must start the next window clean")}
+
+
 def stopped_eval_joined(pool: Any, setup: TrainingSetup) -> dict[str, Any]:
     """EvalPipelineSparseDist stopped mid-epoch by reset(), then its threads joined (known broken)."""
     if "eval:sparse_dist" not in available(EVAL):
@@ -132,6 +145,7 @@ def gradient_accumulation(pool: Any, setup: TrainingSetup, pipelines: tuple[str,
                                       "into one dense step")
     if mark_last:
         metrics.update(_accumulation_warmup(pool, full, tolerance))
+        metrics.update(_accumulation_abandoned(pool, full, tolerance))
     return metrics
 
 
