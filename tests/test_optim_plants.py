@@ -38,6 +38,8 @@ def moved(clean: list[dict], planted: list[dict]) -> list:
 
 # plants of torchrec's fused-optimizer module: the pinned FusedEmbeddingBagCollection case they move
 FUSED_MODULE_PLANTS = {"fused-module-rowwise-adagrad-as-adagrad": 2}
+# plants in how the fused module is made -> index of the pinned fused-module case that catches it
+FUSED_MODULE_MAKING_PLANTS = {"fused-module-init-bounds-ignored": 0}
 # plants only the dense (rank-less) cases reach -> index of the pinned dense case that catches it
 DENSE_ONLY_PLANTS = {"rowwise-adagrad-load-recasts-step": 8}
 
@@ -45,7 +47,7 @@ DENSE_ONLY_PLANTS = {"rowwise-adagrad-load-recasts-step": 8}
 def test_every_optim_plant_has_a_case():
     import paritykit.checks.optim.plants  # noqa: F401 - registers them
 
-    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(FUSED_MODULE_PLANTS) | set(DENSE_ONLY_PLANTS)
+    assert {name for name, plant in plants.PLANTS.items() if plant.check == "optim"} == set(PLANT_CASES) | set(FUSED_MODULE_PLANTS) | set(DENSE_ONLY_PLANTS) | set(FUSED_MODULE_MAKING_PLANTS)
 
 
 def _fused_module_tables(case) -> dict:
@@ -55,7 +57,7 @@ def _fused_module_tables(case) -> dict:
     from paritykit.checks.optim.fused_module_cases import _fused_module
     from paritykit.harness.tables import build_ebc, feature_names_of, kjt_from_rows
 
-    fused = _fused_module(case, build_ebc(case.tables, seed=case.seed))
+    fused = _fused_module(case, build_ebc(case.tables, seed=case.seed, init_bounds=case.bounds_of()))
     for batch in case.steps:
         fused(kjt_from_rows(list(feature_names_of(case.tables)), dict(batch.ids))).values().pow(2).sum().backward()
     return {key: value.detach().clone() for key, value in fused.state_dict().items() if isinstance(value, torch.Tensor)}
@@ -72,6 +74,39 @@ def test_the_fused_module_plant_moves_torchrecs_numbers_and_the_check_catches_it
     with plants.applied([plant]):
         assert find_differences(_fused_module_tables(case), clean, exact=True), f"{plant} leaves the fused module's tables unchanged"
         with pytest.raises(ParityError, match="differs from the plain module trained by"):
+            run_fused_module_case(case)
+    assert run_fused_module_case(case)["steps"] == len(case.steps)
+
+
+def _fresh_fused_tables(case) -> dict:
+    """torchrec alone: the tables of the fused module as made, before anything is loaded into it."""
+    import importlib
+
+    import torch
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+    from paritykit.checks.optim.fused_module_cases import OPTIMIZER_TYPES
+    from paritykit.harness.tables import build_ebc
+
+    module_name, class_name = OPTIMIZER_TYPES[case.optimizer].split(":")
+    fused = FusedEmbeddingBagCollection(tables=build_ebc(case.tables, seed=case.seed, init_bounds=case.bounds_of()).embedding_bag_configs(),
+                                        optimizer_type=getattr(importlib.import_module(module_name), class_name),
+                                        optimizer_kwargs=dict(case.hypers), device=torch.device("cpu"))
+    return {key: value.detach().clone() for key, value in fused.state_dict().items()}
+
+
+@pytest.mark.parametrize("plant", sorted(FUSED_MODULE_MAKING_PLANTS))
+def test_the_fused_module_making_plant_moves_its_fresh_tables_and_the_check_catches_it(plant):
+    import paritykit.checks.optim.plants  # noqa: F401
+    from paritykit.checks.optim.fused_module_cases import run_fused_module_case
+    from paritykit.checks.optim.known_broken import repair
+    from paritykit.checks.optim.matrix import pinned_fused_module_cases
+
+    case = repair(pinned_fused_module_cases()[FUSED_MODULE_MAKING_PLANTS[plant]])
+    clean = _fresh_fused_tables(case)
+    with plants.applied([plant]):
+        assert find_differences(_fresh_fused_tables(case), clean, exact=True), f"{plant} leaves the fresh tables unchanged"
+        with pytest.raises(ParityError, match="not drawn uniformly from its configured"):
             run_fused_module_case(case)
     assert run_fused_module_case(case)["steps"] == len(case.steps)
 

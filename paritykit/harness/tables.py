@@ -78,8 +78,10 @@ def build_ec(tables: Sequence[TableSpec], *, seed: int, need_indices: bool = Fal
     return module
 
 
-def build_ebc(tables: Sequence[TableSpec], *, seed: int, is_weighted: bool = False, device: str = "cpu") -> nn.Module:
-    """An unsharded EmbeddingBagCollection with ``seeded_full_weights(tables, seed)`` loaded."""
+def build_ebc(tables: Sequence[TableSpec], *, seed: int, is_weighted: bool = False, device: str = "cpu",
+              init_bounds: Mapping[str, tuple[float, float]] | None = None) -> nn.Module:
+    """An unsharded EmbeddingBagCollection with ``seeded_full_weights(tables, seed)`` loaded. ``init_bounds``
+    (table -> (weight_init_min, weight_init_max)) goes into the tables' configs, for the modules made from them."""
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -90,6 +92,7 @@ def build_ebc(tables: Sequence[TableSpec], *, seed: int, is_weighted: bool = Fal
             embedding_dim=t.embedding_dim,
             feature_names=list(t.feature_names),
             pooling=PoolingType[t.pooling],
+            **dict(zip(("weight_init_min", "weight_init_max"), (init_bounds or {}).get(t.name, ()))),
         )
         for t in tables
     ]

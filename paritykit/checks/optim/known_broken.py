@@ -21,6 +21,11 @@ while their known-issues entry applies, and run on purpose as ``known-broken <ru
   1 / sqrt(0) for iteration 0 when it is built (ZeroDivisionError).
 - ``keyed-optimizer-wrapper-zero-grad-ignores-set-to-none``: ``KeyedOptimizerWrapper.zero_grad(set_to_none=False)``
   calls the wrapped optimizer's ``zero_grad()`` without the argument: gradients become None.
+- ``fused-module-sgd-optimizer-lists-no-tables``: a ``FusedEmbeddingBagCollection`` trained with SGD has a
+  fused optimizer that holds no table: fbgemm keeps no SGD state (``split_optimizer_states()`` is ``[]``)
+  and torchrec's ``EmbeddingFusedOptimizer`` zips the tables with it, so its params, state and param
+  groups name none (they name each table under the stateful optimizers, and the sharded module's fused
+  SGD optimizer does). The drawn SGD cases train without the param-group check.
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ from paritykit.checks import known_issues
 from paritykit.checks.optim.cases import OptimCase
 from paritykit.checks.optim.contract_cases import SemiSyncCase, ZeroGradCase
 from paritykit.checks.optim.dense_cases import ScheduleCase
+from paritykit.checks.optim.fused_module_cases import FusedModuleCase
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.engine.optim_wrapping import HyperParameterChange, Warmup, WarmupStageSpec
+from paritykit.harness.configuration import RankBatch
+from paritykit.harness.tables import TableSpec
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,10 @@ def _keyed_wrapper_keeping_zeros(case: Any) -> bool:
     return isinstance(case, ZeroGradCase) and case.wrapper == "keyed_wrapper" and not case.clears
 
 
+def _fused_sgd_param_groups(case: Any) -> bool:
+    return isinstance(case, FusedModuleCase) and case.optimizer == "sgd" and case.param_groups_checked
+
+
 RULES = (
     BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
     BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
@@ -113,6 +125,8 @@ RULES = (
     BrokenCombination("warmup-inv-sqrt-first-stage", _inv_sqrt_first, _linear_first),
     BrokenCombination("keyed-optimizer-wrapper-zero-grad-ignores-set-to-none", _keyed_wrapper_keeping_zeros,
                       lambda case: dataclasses.replace(case, set_to_none=True)),
+    BrokenCombination("fused-module-sgd-optimizer-lists-no-tables", _fused_sgd_param_groups,
+                      lambda case: dataclasses.replace(case, param_groups_checked=False)),
 )
 
 
@@ -146,5 +160,7 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
         "semi-sync-local-param-groups-not-restored": SemiSyncCase(3, 0.7, "adam", resume_at=4, local_lr_factor=0.5),
         "warmup-inv-sqrt-first-stage": ScheduleCase(Warmup((WarmupStageSpec("inv_sqrt", 4),), WARMUP.lr), steps=3),
         "keyed-optimizer-wrapper-zero-grad-ignores-set-to-none": ZeroGradCase("keyed_wrapper", False),
+        "fused-module-sgd-optimizer-lists-no-tables": FusedModuleCase(
+            "sgd", (("lr", 0.2),), (TableSpec("t0", 6, 4, ("f0",)),), (RankBatch((("f0", ((1, 2), (3,))),)),)),
     }
 

@@ -29,16 +29,21 @@ EXAMPLES_PER_FUSED_MODULE_CASE = 5
 
 def pinned_fused_module_cases() -> tuple[FusedModuleCase, ...]:
     """Each optimizer type a user hands FusedEmbeddingBagCollection, far from fbgemm's defaults; and one
-    through fuse_embedding_optimizer."""
+    through fuse_embedding_optimizer (its configs' init bounds carried over)."""
     from paritykit.harness.configuration import RankBatch
     from paritykit.harness.tables import TableSpec
 
     tables = (TableSpec("t0", 6, 4, ("f0", "f1")), TableSpec("t1", 5, 8, ("f2",), "MEAN"))
     steps = tuple(RankBatch((("f0", ((1, 2), (3,))), ("f1", ((2,), ())), ("f2", ((0, 4, 4), (1,))))) for _ in range(3))
-    built = tuple(FusedModuleCase(name, hypers, tables, steps, seed=3) for name, hypers in (
-        ("sgd", (("lr", 0.2),)), ("adagrad", (("lr", 0.5), ("eps", 1e-2))), ("rowwise_adagrad", (("lr", 0.5), ("eps", 1e-2)))))
+    # Configured init bounds on either side of zero and torchrec's default; a scheduler's learning rate.
+    built = tuple(FusedModuleCase(name, hypers, tables, steps, seed=3, init_bounds=bounds, lr_factor=factor)
+                  for name, hypers, bounds, factor in (
+                      ("sgd", (("lr", 0.2),), ((2.0, 3.0), (-2.0, -1.5)), 0.5),
+                      ("adagrad", (("lr", 0.5), ("eps", 1e-2)), (), 1.0),
+                      ("rowwise_adagrad", (("lr", 0.5), ("eps", 1e-2)), (None, (0.5, 0.75)), 3.0)))
     # fuse_embedding_optimizer rewriting a model that holds the EBC one level down.
-    return built + (FusedModuleCase("adagrad", (("lr", 0.5), ("eps", 1e-2)), tables, steps, seed=4, via="fuse_embedding_optimizer:nested"),)
+    return built + (FusedModuleCase("adagrad", (("lr", 0.5), ("eps", 1e-2)), tables, steps, seed=4, via="fuse_embedding_optimizer:nested",
+                                   init_bounds=((0.5, 0.75), (2.0, 3.0))),)
 
 
 def pinned_dense_cases() -> tuple:
@@ -68,9 +73,9 @@ def pinned_dense_cases() -> tuple:
 
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results = run_property(NAME, dense_cases(), run_dense_case, config, case_id=dense_case_id, explicit=pinned_dense_cases())
-    results += run_property(NAME, fused_module_cases(), run_fused_module_case,
+    results += run_property(NAME, fused_module_cases().map(repair), run_fused_module_case,
                             dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_FUSED_MODULE_CASE)),
-                            case_id=lambda case: case.case_id(), explicit=pinned_fused_module_cases())
+                            case_id=lambda case: case.case_id(), explicit=tuple(map(repair, pinned_fused_module_cases())))
     sharded_config = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_SHARDED_CASE))
     largest = max(config.world_sizes)
     for world_size in config.world_sizes:

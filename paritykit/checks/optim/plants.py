@@ -137,3 +137,18 @@ def rowwise_adagrad_load_recasts_step() -> ContextManager[None]:
         return recast_steps
 
     return replaced(RowWiseAdagrad, "__setstate__", planted)
+
+
+@register("fused-module-init-bounds-ignored", check=CHECK)
+def fused_module_init_bounds_ignored() -> ContextManager[None]:
+    """FusedEmbeddingBagCollection skips initialising its tables from their configs' weight_init_min/max:
+    they keep fbgemm's own initial values (zeros)."""
+    import torchrec.modules.fused_embedding_modules as fused_modules
+
+    def planted(original):
+        def _init_parameters(self):
+            return None
+
+        return _init_parameters
+
+    return replaced(fused_modules._BatchedFusedEmbeddingLookups, "_init_parameters", planted)
