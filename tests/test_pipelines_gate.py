@@ -52,7 +52,8 @@ def test_report_is_written_even_when_parity_fails(rank_pool, tmp_path):
 
 FIXED_IDS = ["dlrm/all-pipelines", "test-sparse-nn/all-pipelines", "dlrm/td-batches", "negative-control/feature-processor-under-fused"]
 SURFACE_IDS = ["dlrm/pipeline-variants", "nested/postproc-and-tracing", "dlrm/eval-pipelines", "dlrm/gradient-accumulation",
-               "dlrm/staged", "dlrm/lifecycle", "dlrm/backward-hooks", "dlrm/semi-sync-staleness"]
+               "dlrm/staged", "dlrm/lifecycle", "dlrm/backward-hooks", "dlrm/semi-sync-staleness",
+               "dlrm-unused-lookup/semi-sync-staleness", "dense/pt2-compile-schedule"]
 
 
 @pytest.mark.slow

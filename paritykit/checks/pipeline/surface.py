@@ -13,6 +13,7 @@ crosses ranks).
 | ``dlrm/backward-hooks`` | register_backward_hook at every kind of site | each work once per step in backward; the plain loop |
 | ``dlrm/semi-sync-staleness`` | TrainPipelineSemiSync from batch 1, six batches | the plain loop with one-step-stale lookups, exactly |
 | ``dlrm-unused-lookup/semi-sync-staleness`` | the same on a model that looks the weighted tables up and ignores them (their embeddings get no gradient) | the same |
+| ``dense/pt2-compile-schedule`` | TrainPipelinePT2 compiling a dense model (in the caller) at ``compile_on_iter`` | its hooks and dynamo's first graph at that step; the plain loop, exactly |
 
 And, on two or more ranks, three known-broken cases (``known_issues.toml``): the same comparisons
 where torchrec breaks them.
@@ -26,6 +27,8 @@ from typing import Any, Callable
 
 from paritykit.checks.pipeline.comparison import DEFAULT_SEMI_SYNC_BOUNDS
 from paritykit.checks.pipeline.parity import PipelineCase, run_parity_case
+from paritykit.checks.pipeline.pt2_compile import CASE_ID as PT2_CASE_ID
+from paritykit.checks.pipeline.pt2_compile import run_pt2_compile_case
 from paritykit.checks.pipeline.surface_runs import (
     backward_hooks,
     backward_optimizer,
@@ -97,6 +100,7 @@ def surface_bodies(config: GateConfig, world_size: int) -> dict[str, Callable[[A
         "dlrm/semi-sync-staleness": lambda pool, out: semi_sync_staleness(pool, dlrm()),
         "dlrm-unused-lookup/semi-sync-staleness": lambda pool, out: semi_sync_staleness(
             pool, unused_lookup_setup(config, world_size), (1,)),
+        PT2_CASE_ID: lambda pool, out: run_pt2_compile_case(config.seed),
     }
 
 
