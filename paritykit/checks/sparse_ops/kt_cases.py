@@ -102,6 +102,20 @@ def _regroup(spec: Regroup) -> None:
         expect_value(list(as_dict), names, "list(KeyedTensor.regroup_as_dict(...))")
         for name in names:
             expect_array(as_dict[name], expected[name], f"KeyedTensor.regroup_as_dict(kts, {groups}, ...)[{name!r}]")
+        if len(groups) > 1:
+            _expect_refused_names(refs, groups, names[:-1])
+
+
+def _expect_refused_names(refs: list[RefKT], groups: list[list[str]], names: list[str]) -> None:
+    """A name short for its groups is refused ("Groups and keys should have same length"), never a
+    dict that silently leaves the last group out."""
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    try:
+        got = KeyedTensor.regroup_as_dict([build_kt(r) for r in refs], groups, names)
+    except (AssertionError, ValueError, RuntimeError):
+        return
+    expect_value(sorted(got), "an error", f"KeyedTensor.regroup_as_dict(kts, {len(groups)} groups, {len(names)} names)")
 
 
 @dataclass(frozen=True)
