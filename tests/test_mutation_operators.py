@@ -198,6 +198,10 @@ def test_a_survivors_second_round_takes_the_fastest_case_of_each_family_the_firs
     # The same metric on two ranks is a family of its own: it runs the states' reductions one rank skips.
     one_rank, two_ranks = _case("metrics", "ne via module tasks=1", 0.1), _case("metrics", "ne via module world_size=2 tasks=1", 0.4)
     assert second_round([one_rank, two_ranks], [one_rank], 10) == [two_ranks]
+    # So is a case that resumes from a checkpoint: it runs state_dict and load_state_dict.
+    resumed = _case("metrics", "ne via module resumed before batch 2 tasks=1", 0.3)
+    assert case_family(resumed) == "metrics|ne via|resumed"
+    assert second_round([one_rank, resumed], [one_rank], 10) == [resumed]
     candidates = [lengths, offsets, dense, dense_slow, reshard]
     # jt.accessors ran already: its other inputs wait; each new family sends its fastest case, fastest first.
     assert second_round(candidates, [lengths], 10) == [dense_slow, reshard]

@@ -34,6 +34,8 @@ KILLED, KILLED_BY_ERROR, TIMEOUT, SURVIVED, INCOMPETENT, EQUIVALENT = (
 KILLED_OUTCOMES = (KILLED, KILLED_BY_ERROR, TIMEOUT)
 IMPORT_TIMEOUT_S = 180.0
 WORLD_SIZE = re.compile(r"world_size=\d+")
+# A case that checkpoints and resumes runs the state-dict paths (a state's persistence) the others skip.
+RESUMED = re.compile(r"\bresumed?\b")
 DETAIL_LINES = 6
 
 
@@ -102,10 +104,12 @@ def case_family(case: CoveredCase) -> str:
     """What a case exercises, without its drawn inputs: the op or kind a case id names before its
     arguments (``jt.accessors`` of ``jt.accessors: JTSpec(...)``, ``dmp reshard-split`` of
     ``dmp reshard-split [...] ...``), and the world size it names: the same op on several ranks runs the
-    reductions and collectives a single rank skips (a metric state's ``dist_reduce_fx``)."""
+    reductions and collectives a single rank skips (a metric state's ``dist_reduce_fx``); and whether it
+    resumes from a checkpoint (a state left out of ``state_dict`` shows only there)."""
     head = case.case_id.split(":", 1)[0] if ":" in case.case_id[:60] else " ".join(case.case_id.split()[:2])
     ranks = WORLD_SIZE.search(case.case_id)
-    return f"{case.check}|{head}" + (f"|{ranks.group(0)}" if ranks else "")
+    return (f"{case.check}|{head}" + (f"|{ranks.group(0)}" if ranks else "")
+            + ("|resumed" if RESUMED.search(case.case_id) else ""))
 
 
 def second_round(candidates: list[CoveredCase], ran: list[CoveredCase], limit: int) -> list[CoveredCase]:
