@@ -154,3 +154,19 @@ def test_the_planner_spreads_equal_tables_over_hosts_and_a_tie_break_by_rank_is_
                         lambda self, other: (self.device.perf.total, self.device.rank) < (other.device.perf.total, other.device.rank))
     with pytest.raises(ParityError, match=r"put \[2, 0\] tables on the hosts"):
         run_spread_case(SpreadCase(2, 2, 2))
+
+
+def test_the_plan_leaves_the_reserved_share_and_the_kjt_storage_free_and_a_reservation_without_the_kjts_is_caught(monkeypatch):
+    from torchrec.distributed.planner import storage_reservations
+
+    from paritykit.checks.planner.capacity import LARGE_BATCH, CapacityCase, run_capacity_case
+
+    large = CapacityCase(batch_size=LARGE_BATCH)
+    assert large.kjt_bytes() == 20 * 2**20  # 20 copies of 32768 int64 ids for each of 4 tables
+    assert run_capacity_case(CapacityCase())["ranks"] == run_capacity_case(large)["ranks"] == 2
+    # A reservation that computes the input KJTs' storage but never takes it from the ranks.
+    monkeypatch.setattr(storage_reservations, "_reserve_kjt_storage",
+                        lambda topology, batch_size, batch_inputs, input_data_type_size, multiplier:
+                        storage_reservations._get_kjt_storage(topology, batch_inputs, input_data_type_size, multiplier))
+    with pytest.raises(ParityError, match="left after the reservation"):
+        run_capacity_case(large)

@@ -9,7 +9,7 @@ import dataclasses
 
 from paritykit.checks.planner.callback_case import CASE_ID as CALLBACK_CASE_ID
 from paritykit.checks.planner.callback_case import run_callback_case
-from paritykit.checks.planner.capacity import CapacityCase, run_capacity_case
+from paritykit.checks.planner.capacity import LARGE_BATCH, CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
@@ -30,10 +30,11 @@ EXAMPLES_PER_CASE = 25
 def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     layouts = [host_layout(w, local_world_size(w)) for w in config.world_sizes] + list(config.hosts)
     drawn = dataclasses.replace(config, examples=max(1, config.examples // EXAMPLES_PER_CASE))
-    capacity = CapacityCase()
-    results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda: run_capacity_case(capacity)),
-                                 run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
-                                 run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case)]
+    capacities = (CapacityCase(), CapacityCase(batch_size=LARGE_BATCH))
+    results: list[CaseResult] = [run_case(NAME, capacity.case_id(), config, lambda capacity=capacity: run_capacity_case(capacity))
+                                 for capacity in capacities]
+    results += [run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
+                run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case)]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
         pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)
