@@ -11,6 +11,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
 - a sharding type that degenerates into another estimates as that one does, shard by shard: a
   column-wise or table-column-wise option of one shard is the table-wise placement of the table, and
   on one host a table-row-wise option is the row-wise one (same shards, same transfers);
+- an EmbeddingBagCollection's tables are pooled, an EmbeddingCollection's are sequences (the
+  module's kind, not the option's own flag: every pooled-or-not rule below reads the flag);
 - each shard's storage holds at least its weights (rows x columns x element size) and, for a pooled
   table, one rank's pooled output of the batch (batch x columns x element size);
 - the ids per bag (the user's pooling factor, at least 1): a sequence table (EC) outputs one vector
@@ -67,6 +69,13 @@ def _storage_least(option: Any, shard: Any) -> int:
     element = option.tensor.element_size()
     rows, columns = shard.size
     return rows * columns * element + (option.batch_size * columns * element if option.is_pooled else 0)
+
+
+def output_problems(options: list[Any], device: str, module: str) -> list[str]:
+    """Each option pooled exactly when its module is an EmbeddingBagCollection."""
+    pooled = module == "ebc"
+    return [f"{_option_name(option, device)}: is_pooled is {option.is_pooled}, its module ({module}) "
+            f"{'pools its bags' if pooled else 'returns sequences'}" for option in options if option.is_pooled != pooled][:1]
 
 
 def single_problems(options: list[Any], device: str) -> list[str]:

@@ -12,7 +12,7 @@ from paritykit.checks.planner.cases import PlannerCase, model_fn
 from paritykit.checks.planner.estimate_rules import (batch_problems, bwd_multiplier_problems, cache_problems, ceiling_problems,
                                                      columns_problems, compute_ceiling_problems, degenerate_problems,
                                                      floor_problems, num_poolings_problems, pooling_factor_problems,
-                                                     rows_problems, single_problems, weighted_problems)
+                                                     output_problems, rows_problems, single_problems, weighted_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
 from paritykit.harness.noise import quiet_planner
 
@@ -154,7 +154,8 @@ def estimate_problems(case: PlannerCase) -> list[str]:
                 problems.append(f"torchrec's enumerator proposed no sharding option on {device}")
                 continue
             double = enumerated(case, device, 2 * BATCH_SIZE, constrained)
-            problems += (single_problems(single, device) + batch_problems(single, double, device)
+            problems += (output_problems(single, device, case.module) + single_problems(single, device)
+                         + batch_problems(single, double, device)
                          + degenerate_problems(single, device, case.world_size == case.ranks_per_host))
         # Two ids per bag and one bag per sample, then each of them doubled (at least one id per bag:
         # below that a pooled table's output shrinks with its empty bags).
