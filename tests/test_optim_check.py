@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from paritykit.checks.optim.case_runner import run_optim_case
 from paritykit.checks.optim.draws import dense_cases, sharded_cases
 from paritykit.checks.optim.dense_runner import is_dense_case, run_dense_case
+from paritykit.checks.optim.fused_sharded_cases import FusedShardedCase, pinned_fused_sharded_cases, run_fused_sharded_case
 from paritykit.checks.optim.known_broken import RULES, known_broken_cases, repair
 from paritykit.checks.optim.matrix import pinned_dense_cases
 from paritykit.checks.optim.pinned import SAFETY_NET, SMALL, pinned_cases
@@ -58,11 +59,25 @@ def test_each_known_broken_combination_fails_inside_torchrec(rank_pool, rule):
     case = known_broken_cases(2)[rule]
     assert [r.name for r in RULES if r.applies(case)] == [rule]
     with pytest.raises((ParityError, RankFailure, ZeroDivisionError)):
-        run_dense_case(case) if is_dense_case(case) else run_optim_case(case, rank_pool)
+        _run(case, rank_pool)
     # Repaired, the same configuration trains like the oracle: the rule is the whole difference.
     repaired = repair(case)
     assert not any(r.applies(repaired) for r in RULES)
-    assert run_dense_case(repaired) if is_dense_case(repaired) else run_optim_case(repaired, rank_pool)
+    assert _run(repaired, rank_pool)
+
+
+def _run(case, pool):
+    if isinstance(case, FusedShardedCase):
+        return run_fused_sharded_case(case, pool)
+    return run_dense_case(case) if is_dense_case(case) else run_optim_case(case, pool)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("index", range(len(pinned_fused_sharded_cases(2))))
+def test_the_sharded_fused_module_trains_like_the_plain_module(rank_pool, index):
+    # Its negative control is the known-broken default-kernel case above (tables that never train fail it).
+    case = pinned_fused_sharded_cases(2)[index]
+    assert run_fused_sharded_case(case, rank_pool) == {"steps": 2, "ranks": 2, "tables": 4, "plan_shape": "sharded-fused-ebc"}
 
 
 @pytest.mark.world_size(2)

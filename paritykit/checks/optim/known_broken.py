@@ -26,6 +26,14 @@ while their known-issues entry applies, and run on purpose as ``known-broken <ru
   and torchrec's ``EmbeddingFusedOptimizer`` zips the tables with it, so its params, state and param
   groups name none (they name each table under the stateful optimizers, and the sharded module's fused
   SGD optimizer does). The drawn SGD cases train without the param-group check.
+- ``fused-ebc-plan-generators-give-dense-kernel``: torchrec's plan generators (``table_wise(rank=...)``,
+  ``construct_module_sharding_plan``) without a ``compute_kernel`` give a FusedEmbeddingBagCollection's
+  tables the dense kernel (they choose fused only for parameters carrying an in-backward optimizer),
+  which its sharder does not offer; DMP shards it so anyway and its tables never train. The pinned
+  sharded fused cases name the fused kernel.
+- ``fused-ebc-data-parallel-cpu-ddp-device-ids``: a FusedEmbeddingBagCollection's data-parallel table on a
+  CPU: the sharded module wraps its lookup in DDP with ``device_ids=[cpu]``, which DDP refuses. The
+  pinned sharded fused cases place no table data-parallel.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from paritykit.checks.optim.cases import OptimCase
 from paritykit.checks.optim.contract_cases import SemiSyncCase, ZeroGradCase
 from paritykit.checks.optim.dense_cases import ScheduleCase
 from paritykit.checks.optim.fused_module_cases import FusedModuleCase
+from paritykit.checks.optim.fused_sharded_cases import FusedShardedCase, pinned_fused_sharded_cases
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.engine.optim_wrapping import HyperParameterChange, Warmup, WarmupStageSpec
 from paritykit.harness.configuration import RankBatch
@@ -116,6 +125,19 @@ def _fused_sgd_param_groups(case: Any) -> bool:
     return isinstance(case, FusedModuleCase) and case.optimizer == "sgd" and case.param_groups_checked
 
 
+def _fused_sharded_default_kernel(case: Any) -> bool:
+    return isinstance(case, FusedShardedCase) and case.kernel is None
+
+
+def _fused_sharded_data_parallel(case: Any) -> bool:
+    return isinstance(case, FusedShardedCase) and any(entry[0] == "data_parallel" for _, entry in case.plan)
+
+
+def _without_data_parallel(case: FusedShardedCase) -> FusedShardedCase:
+    return dataclasses.replace(case, plan=tuple((table, ("table_wise", 0) if entry[0] == "data_parallel" else entry)
+                                                for table, entry in case.plan))
+
+
 RULES = (
     BrokenCombination("warmup-resume-through-combined-optimizer", _warmup_resume, _without_resume),
     BrokenCombination("resume-with-dense-table-missing-on-a-rank", _missing_on_a_rank, _fused_where_missing, min_world_size=2),
@@ -127,6 +149,9 @@ RULES = (
                       lambda case: dataclasses.replace(case, set_to_none=True)),
     BrokenCombination("fused-module-sgd-optimizer-lists-no-tables", _fused_sgd_param_groups,
                       lambda case: dataclasses.replace(case, param_groups_checked=False)),
+    BrokenCombination("fused-ebc-plan-generators-give-dense-kernel", _fused_sharded_default_kernel,
+                      lambda case: dataclasses.replace(case, kernel="fused")),
+    BrokenCombination("fused-ebc-data-parallel-cpu-ddp-device-ids", _fused_sharded_data_parallel, _without_data_parallel),
 )
 
 
@@ -162,5 +187,10 @@ def known_broken_cases(world_size: int) -> dict[str, Any]:
         "keyed-optimizer-wrapper-zero-grad-ignores-set-to-none": ZeroGradCase("keyed_wrapper", False),
         "fused-module-sgd-optimizer-lists-no-tables": FusedModuleCase(
             "sgd", (("lr", 0.2),), (TableSpec("t0", 6, 4, ("f0",)),), (RankBatch((("f0", ((1, 2), (3,))),)),)),
+        "fused-ebc-plan-generators-give-dense-kernel": dataclasses.replace(pinned_fused_sharded_cases(world_size)[0], kernel=None),
+        # The pinned case with its table-wise t3 data-parallel instead.
+        "fused-ebc-data-parallel-cpu-ddp-device-ids": dataclasses.replace(
+            pinned_fused_sharded_cases(world_size)[0],
+            plan=tuple((table, ("data_parallel",) if table == "t3" else entry) for table, entry in pinned_fused_sharded_cases(world_size)[0].plan)),
     }
 

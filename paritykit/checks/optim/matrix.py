@@ -12,10 +12,11 @@ from paritykit.checks.optim.dense_cases import KeyedCase, RowWiseCase, ScheduleC
 from paritykit.checks.optim.dense_runner import dense_case_id, is_dense_case, run_dense_case
 from paritykit.checks.optim.draws import dense_cases, sharded_cases
 from paritykit.checks.optim.fused_module_cases import FusedModuleCase, fused_module_cases, run_fused_module_case
+from paritykit.checks.optim.fused_sharded_cases import FusedShardedCase, pinned_fused_sharded_cases, run_fused_sharded_case
 from paritykit.checks.optim.known_broken import RULES, known_broken_cases, repair
 from paritykit.checks.optim.pinned import WARMUP, pinned_cases
 from paritykit.checks.results import CaseResult
-from paritykit.checks.runner import GateConfig, run_known_broken_case, run_property
+from paritykit.checks.runner import GateConfig, run_case, run_known_broken_case, run_property
 from paritykit.dist import PoolProvider
 from paritykit.engine.optim_wrapping import Warmup, WarmupStageSpec
 
@@ -83,6 +84,9 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         results += run_property(NAME, sharded_cases(world_size), lambda case, pool=pool: run_optim_case(case, pool),
                                 sharded_config, case_id=lambda case: case.case_id(),
                                 explicit=pinned_cases(world_size) if world_size == largest else ())
+    pool = pools.get(largest)
+    results += [run_case(NAME, case.case_id(), config, lambda case=case: run_fused_sharded_case(case, pool))
+                for case in pinned_fused_sharded_cases(largest)]
     return results + _known_broken(config, pools)
 
 
@@ -94,7 +98,9 @@ def _known_broken(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
         if not sizes:
             continue
         pool, case = pools.get(min(sizes)), known_broken_cases(min(sizes))[rule.name]
-        if is_dense_case(case):
+        if isinstance(case, FusedShardedCase):
+            body, case_id = (lambda case=case, pool=pool: run_fused_sharded_case(case, pool)), case.case_id()
+        elif is_dense_case(case):
             body, case_id = (lambda case=case: run_dense_case(case)), dense_case_id(case)
         else:
             body, case_id = (lambda case=case, pool=pool: run_optim_case(case, pool)), case.case_id()
