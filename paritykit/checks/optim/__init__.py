@@ -8,6 +8,8 @@ sharded model and on plain dense parameters (docs/optim.md). The rank machinery 
 
 cases.py, case_runner.py   a sharded case and its comparison with the unsharded oracle
 dense_cases.py             the cases without ranks (row-wise Adagrad, schedules, keyed state)
+fused_module_cases.py      FusedEmbeddingBagCollection unsharded (made, trained, its param groups)
+fused_sharded_cases.py     FusedEmbeddingBagCollection sharded by DMP
 pinned.py, draws.py, known_broken.py, matrix.py (the gate entry)
 plants.py                  planted bugs in torchrec/optim/
 """

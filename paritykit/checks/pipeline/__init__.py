@@ -11,6 +11,7 @@ parity.py        one case: plain loop, anchor, every pipeline on KJT and/or TD b
 assertion.py     ``assert_pipeline_parity`` (a user's model, or the built-in RunSpec form)
 report_files.py  per-step diff tables and drift plots
 matrix.py        the gate entry (fixed cases, the feature-processor control, drawn cases)
+surface.py, surface_runs.py, pt2_compile.py   the rest of torchrec's pipeline machinery, each against its oracle
 benchmark.py     runtime and memory of every pipeline, KJT and TD (``paritykit bench pipelines``)
 plants.py        planted bugs in torchrec's pipelines and in what DMP shares with them
 """

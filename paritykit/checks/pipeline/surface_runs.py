@@ -4,7 +4,8 @@ ranks, compares, and returns what it compared (``surface.py`` names and schedule
 - ``eval_pipelines``: every eval pipeline against the plain eval loop over the same sharded model
   (exactly) and its state untouched; that loop against the unsharded model's eval forward (the
   sharding engine's tolerance); a dataloader failing retriably (batch skipped) or not (error raised).
-- ``gradient_accumulation``: the wrapper around pipelines against the plain accumulating loop.
+- ``gradient_accumulation``: the wrapper around pipelines against the plain accumulating loop (epochs
+  run to their end, with warm-up steps, and one left inside a window and reset).
 - ``staged``: StagedTrainPipeline with SparseDataDistUtil stages against the plain loop (exact; the
   semi-synchronous lookup-ahead variant exact at batch 0, then within the SemiSync bounds).
 - ``lifecycle``: detach / a step outside / attach / reset / a new iterator, and the hybrid pipeline

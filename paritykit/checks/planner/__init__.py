@@ -9,6 +9,7 @@ planning.py                     the call to torchrec's planner
 plan_rules.py                   what a plan must be (the oracle of the plan itself)
 report_rules.py                 what the planner reports of its plan (stats table, storage estimates)
 estimate_rules.py               what every option's perf and storage estimates must mean
+capacity.py, spread_case.py     near a GPU's memory; equal tables over hosts
 case_runner.py, matrix.py       one case, and the gate entry
 plants.py                       planted bugs in torchrec's planner
 """
