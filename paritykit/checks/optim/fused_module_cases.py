@@ -191,15 +191,17 @@ def run_fused_module_case(case: FusedModuleCase) -> dict[str, Any]:
         (expected * upstream).sum().backward()
         reference.step()
         reference.zero_grad()
-        _raise_on(bound.differences(got.detach(), expected.detach(), f"step {step} output"), case, f"step {step}'s output")
+        raise_on_differences(bound.differences(got.detach(), expected.detach(), f"step {step} output"), case, f"step {step}'s output")
     fused_tables, plain_tables = _tables_by_name(fused), _tables_by_name(plain)
     for name in sorted(plain_tables):
-        _raise_on(bound.differences(fused_tables[name], plain_tables[name].detach(), f"table {name}"), case,
+        raise_on_differences(bound.differences(fused_tables[name], plain_tables[name].detach(), f"table {name}"), case,
                   f"table {name!r} after {len(case.steps)} steps")
     return {"steps": len(case.steps), "tables": len(case.tables), "plan_shape": f"fused-ebc/{case.optimizer}"}
 
 
-def _raise_on(found: list, case: FusedModuleCase, what: str) -> None:
+def raise_on_differences(found: list, case: Any, what: str) -> None:
+    """ParityError showing the first differences of ``what`` from the plain module trained by the case's
+    optimizer's reference (a fused case, sharded or not: ``case_id()`` and ``optimizer``)."""
     if found:
         from paritykit.compare import format_differences
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from paritykit.checks.optim.fused_module_cases import raise_on_differences
 from paritykit.engine.tolerances import normwise
 from paritykit.errors import HarnessError, ParityError
 from paritykit.harness.plans import describe_plan
@@ -136,21 +137,12 @@ def run_fused_sharded_case(case: FusedShardedCase, pool: Any) -> dict[str, Any]:
                 raise ParityError(f"{case.case_id()}\n  step {step}, rank {rank}: output keys {sorted(got)}, "
                                   f"the module's {sorted(expected[step][rank])}")
             for key, want in expected[step][rank].items():
-                _raise_on(bound.differences(got[key], want, f"output[{key!r}]"), case,
-                          f"step {step}, rank {rank}: output {key!r}")
+                raise_on_differences(bound.differences(got[key], want, f"output[{key!r}]"), case,
+                                     f"step {step}, rank {rank}: output {key!r}")
     for name, want in tables.items():
-        _raise_on(bound.differences(per_rank[0]["tables"][name], want, f"table {name}"), case,
-                  f"table {name!r} after {STEPS} steps (its tables never trained if it equals the start)")
+        raise_on_differences(bound.differences(per_rank[0]["tables"][name], want, f"table {name}"), case,
+                             f"table {name!r} after {STEPS} steps (its tables never trained if it equals the start)")
     return {"steps": STEPS, "ranks": case.world_size, "tables": len(tables), "plan_shape": "sharded-fused-ebc"}
-
-
-def _raise_on(found: list, case: FusedShardedCase, what: str) -> None:
-    if found:
-        from paritykit.compare import format_differences
-
-        raise ParityError(format_differences(found[:3], exact=False,
-                                             msg=f"{case.case_id()}\n  {what} differs from the plain module trained by "
-                                                 f"{case.optimizer}'s reference ({normwise().describe()})"))
 
 
 def pinned_fused_sharded_cases(world_size: int) -> tuple[FusedShardedCase, ...]:
