@@ -195,7 +195,7 @@ def run_fused_module_case(case: FusedModuleCase) -> dict[str, Any]:
     fused_tables, plain_tables = _tables_by_name(fused), _tables_by_name(plain)
     for name in sorted(plain_tables):
         raise_on_differences(bound.differences(fused_tables[name], plain_tables[name].detach(), f"table {name}"), case,
-                  f"table {name!r} after {len(case.steps)} steps")
+                             f"table {name!r} after {len(case.steps)} steps")
     return {"steps": len(case.steps), "tables": len(case.tables), "plan_shape": f"fused-ebc/{case.optimizer}"}
 
 
