@@ -12,7 +12,8 @@ from paritykit.checks.sharding.delta_tracker_cases import (compare_reads, run_tr
                                                           tracker_plan)
 from paritykit.errors import ParityError
 
-CASES = {case.mode + ("" if case.delete_on_read else "-kept"): case for case in tracker_cases(2)}
+CASES = {case.mode + ("" if case.delete_on_read else "-kept") + ("-lagging" if case.mode == "EMBEDDING" and len(case.consumers) > 1 else ""): case
+         for case in tracker_cases(2)}
 _READS: dict[str, list] = {}
 
 

@@ -209,6 +209,20 @@ def test_a_survivors_second_round_takes_the_fastest_case_of_each_family_the_firs
     assert second_round(candidates, candidates, 10) == []
 
 
+def test_a_survivors_last_round_takes_the_rest_of_the_covering_cases_fastest_first_within_the_budget():
+    from paritykit.gate.mutant_run import last_round
+
+    ran = _case("metrics", "ne via module tasks=1", 0.1)
+    cheap = [_case("metrics", f"ne via module window_size={w}", 0.2 + w / 100) for w in range(1, 5)]
+    slow = _case("sharding", "dmp reshard-split [ebc] world_size=4", 30.0)
+    candidates = [slow, ran, *reversed(cheap)]
+    # Every covering case not yet run, fastest first, while the recorded times fit the budget.
+    assert last_round(candidates, [ran], 60.0) == [*cheap, slow]
+    assert last_round(candidates, [ran], 1.0) == cheap[:4]
+    assert last_round(candidates, [ran], 0.5) == cheap[:2]
+    assert last_round(candidates, candidates, 60.0) == []
+
+
 def test_the_broadest_case_of_each_check_replays_first_then_the_fastest_of_each():
     from paritykit.gate.mutant_run import case_breadth, choose_cases
 

@@ -37,6 +37,8 @@ WORLD_SIZE = re.compile(r"world_size=\d+")
 # A case that checkpoints and resumes runs the state-dict paths (a state's persistence) the others skip.
 RESUMED = re.compile(r"\bresumed?\b")
 DETAIL_LINES = 6
+# The most recorded case time (seconds, as the coverage run timed the cases) a mutant's last round replays.
+LAST_ROUND_BUDGET_S = 60.0
 
 
 @dataclass
@@ -122,6 +124,23 @@ def second_round(candidates: list[CoveredCase], ran: list[CoveredCase], limit: i
         if case not in ran and case_family(case) not in seen:
             fresh.setdefault(case_family(case), case)
     return list(fresh.values())[:limit]
+
+
+def last_round(candidates: list[CoveredCase], ran: list[CoveredCase], budget_s: float) -> list[CoveredCase]:
+    """For a mutant both earlier rounds let through: the rest of the cases covering its line, fastest first,
+    while their recorded times sum to at most ``budget_s``. A line every case of a check runs alike (a
+    window's bookkeeping, a default argument) shows only on the inputs a few of its cases draw, whose family
+    the earlier rounds need not have picked; a cheap check's cases all fit the budget."""
+    picked: list[CoveredCase] = []
+    total = 0.0
+    for case in sorted(candidates, key=lambda case: (case.duration_s, case.label)):
+        if case in ran:
+            continue
+        if total + case.duration_s > budget_s:
+            break
+        picked.append(case)
+        total += case.duration_s
+    return picked
 
 
 def _different_paths(by_speed: list[CoveredCase], paths: dict[str, frozenset[int]]) -> list[CoveredCase]:

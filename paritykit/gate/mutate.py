@@ -24,9 +24,9 @@ from paritykit.errors import HarnessError
 from paritykit.gate.coverage_run import CoveredCase, load_cases, load_data, measured_root
 from paritykit.gate.coverage_scope import relative_name, torchrec_dir
 from paritykit.gate.coverage_summary import function_spans
-from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, SURVIVED, MutantOutcome,
+from paritykit.gate.mutant_run import (EQUIVALENT, INCOMPETENT, KILLED_OUTCOMES, LAST_ROUND_BUDGET_S, SURVIVED, MutantOutcome,
                                        case_breadth, choose_cases, function_paths, innermost_function, line_paths,
-                                       run_mutant, second_round)
+                                       last_round, run_mutant, second_round)
 from paritykit.gate.mutant_journal import Journal, run_identity
 from paritykit.gate.mutants import Mutant, change_of, equivalent_reason, load_equivalents, population, sample
 
@@ -184,14 +184,21 @@ def run_sample(coverage_dir: Path, size: int | None, seed: int, *, max_cases: in
 def _against_cases(mutant: Mutant, change: Any, root: Path, gate: dict[str, Any], picked: list[CoveredCase],
                    covering: list[CoveredCase], max_cases: int, timeout_s: float | None) -> MutantOutcome:
     """The mutant against the picked cases; should they let it through, against a second round of the
-    covering cases of families they did not run (``second_round``)."""
+    covering cases of families they did not run (``second_round``), then against the rest of the covering
+    cases that fit LAST_ROUND_BUDGET_S of their recorded time (``last_round``)."""
     outcome = run_mutant(mutant, change, root, picked, gate, timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in picked))
-    more = second_round(covering, picked, max_cases) if outcome.status == SURVIVED else []
-    if not more:
-        return outcome
-    again = run_mutant(mutant, change, root, more, gate, timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in more))
-    again.cases, again.duration_s = outcome.cases + again.cases, outcome.duration_s + again.duration_s
-    return again
+    ran = list(picked)
+    for next_round in (lambda: second_round(covering, ran, max_cases), lambda: last_round(covering, ran, LAST_ROUND_BUDGET_S)):
+        if outcome.status != SURVIVED:
+            break
+        more = next_round()
+        if not more:
+            continue
+        again = run_mutant(mutant, change, root, more, gate, timeout_s or 120.0 + 4.0 * sum(case.duration_s for case in more))
+        again.cases, again.duration_s = outcome.cases + again.cases, outcome.duration_s + again.duration_s
+        outcome = again
+        ran += more
+    return outcome
 
 
 def earlier_survivors(report_dir: Path) -> list[tuple[Mutant, str, str]]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from paritykit.checks.metrics import reference
-from paritykit.checks.metrics.formulas import formulas_of, fused_batches, keyed, rounded_predictions_slack
+from paritykit.checks.metrics.formulas import base_rate_clamped, formulas_of, fused_batches, keyed, rounded_predictions_slack
 from paritykit.checks.metrics.specs import (GROUPED, LATEST_BATCH, METRICS, MULTICLASS, NAMESPACES, OFFLOADED, RECALIBRATED,
                                             SECOND_KEY, SEGMENTED, SESSION_LEVEL, TENSOR_AVERAGED, UNPREFIXED, VARIANTS, WINDOW_ONLY,
                                             MetricSpec, compared_names, second_keys, window_compared)
@@ -316,6 +316,7 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
         task = TASK_NAMES[t]
         streams = [[keyed(spec, batch[t]) for batch in stream] for r, stream in enumerate(spec.streams()) if ranks is None or r in ranks]
         spans = {"window": [s for stream in streams for s in holds(fused_batches(stream, spec.fused_updates), local_window)]}
+        window_dropped = len(spans["window"]) < sum(len(b) for stream in streams for b in stream)
         # A resumed metric's window starts again at the checkpoint (torchrec saves the lifetime states only); a
         # worker that merges queued batches holds other batches in its window, by its timing.
         if spec.resume_at is not None or spec.via == "offloaded-merged" or not (every_value or window_compared(spec.metric)):
@@ -333,6 +334,8 @@ def _compare(spec: MetricSpec, report: dict[str, Any], who: str, every_value: bo
                     continue
                 want = formula(samples)
                 if want is None:  # undefined on these samples (formulas.defined and reference.py say where)
+                    continue
+                if prefix == "window" and window_dropped and base_rate_clamped(name, samples):
                     continue
                 got = _reported(report, NAMESPACES.get(spec.metric, spec.metric), task,
                                 key_prefix + ("" if name in UNPREFIXED else f"{prefix}_"), name)

@@ -12,7 +12,7 @@ from paritykit.checks.known_issues import rule_kept_out
 from paritykit.checks.metrics.rules import NDCG_FUSED_MODULE_ONE_TASK, NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
 from paritykit.checks.metrics.specs import (CLASS_ORDERS, CLASSES, CODES, COMPUTE_MODES, ENCODED, FUSED_UPDATE_LIMITS,
                                             GROUPED, LABEL_NAMES, LABELS, MULTICLASS, NDCG_ARGUMENTS, NOT_CHECKPOINTED,
-                                            OFFLOADED, PAIRED_GROUPS, RANKING, RECALIBRATED, RECALIBRATION_COEFFICIENTS,
+                                            OFFLOADED, PAIRED_GROUPS, RANKING, RECALIBRATED, RECALIBRATION_COEFFICIENTS, SATURABLE,
                                             SEGMENTED, SEGMENTED_ARGUMENTS, SESSION_IDS, SESSION_LEVEL,
                                             SESSION_LEVEL_ARGUMENTS, SESSIONED, TARGET_PRECISIONS, TARGETED,
                                             TENSOR_AVERAGED, THRESHOLD, TIED, MetricSpec, compute_mode, fused_updates_allowed,
@@ -29,6 +29,8 @@ def metric_specs(draw: st.DrawFn, metric: str, world_size: int = 1) -> MetricSpe
     window = draw(st.integers(fewest, max(fewest, batch_size * world_size * 6)))
     classes = draw(st.sampled_from(CLASSES)) if metric in MULTICLASS else 0
     grid = [k / 20 for k in range(1, 20)] if metric not in TIED else [0.25, 0.5, 0.75]
+    if metric in SATURABLE:
+        grid = [0.0, 1.0] + grid
     if metric == "recall" and rule_kept_out(RECALL_AT_THRESHOLD) is not None:
         grid.remove(THRESHOLD)
     prediction = st.sampled_from(CODES if metric in ENCODED else CLASS_ORDERS if classes else grid) if metric not in RANKING else None

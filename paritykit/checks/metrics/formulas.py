@@ -19,12 +19,15 @@ from paritykit.compare.bounds import unit_roundoff
 def defined(name: str, samples: list) -> bool:
     """NE's and logloss's formulas divide by the entropy of the base rate and by the label weight,
     the weighted average and AUPRC by the weight and by the positives' weight: undefined (torchrec
-    returns a clamped, infinite or NaN value) when those are zero."""
+    returns an infinite or NaN value) when those are zero. NE's base rate is clamped off 0 and 1 (a
+    window of one label has a finite NE); the calibration-free NE's mean prediction is not."""
     weight, pos, neg = reference.sums(samples)
-    if name in ("ne", "ne_positive", "cali_free_ne"):
+    if name in ("ne", "ne_positive"):
+        return weight > 0
+    if name == "cali_free_ne":
         return pos > 0 and neg > 0
     if name == "unweighted_ne":
-        return 0 < sum(l for _, l, _ in samples) < len(samples)
+        return len(samples) > 0
     if name in ("logloss", "weighted_avg"):
         return weight > 0
     if name == "auprc":
@@ -32,6 +35,17 @@ def defined(name: str, samples: list) -> bool:
     if name == "rauc":  # over the pairs of the samples
         return len(samples) > 1
     return True
+
+
+def base_rate_clamped(name: str, samples: list) -> bool:
+    """Whether the value divides by NE's norm at a base rate clamped to 1e-12 of 0 or 1 (every weighted label
+    alike): the norm is about 1e-12 of the weight. A window that dropped batches subtracted their sums from
+    its own, leaving a residue of their rounding (about 1e-16 of them) that such a norm magnifies 1e12 times:
+    compared in the lifetime and in windows that dropped nothing only."""
+    if not name.startswith(("ne", "unweighted_ne", "segmented_ne")):
+        return False
+    _, pos, neg = reference.sums(samples)
+    return pos == 0 or neg == 0 or len({l for _, l, _ in samples}) == 1
 
 
 def rounded_predictions_slack(formula: Any, samples: list, want: float) -> float:

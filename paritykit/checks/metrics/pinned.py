@@ -7,7 +7,7 @@ from __future__ import annotations
 from paritykit.checks.known_issues import rule_kept_out
 from paritykit.checks.metrics.rules import NDCG_NEGATIVE_TASK_IN_PLACE, RECALL_AT_THRESHOLD
 from paritykit.checks.metrics.specs import (BINNED, ENCODED, GROUPED, LABELS, METRICS, MULTICLASS, NOT_CHECKPOINTED, RECALIBRATED,
-                                            REGRESSION_LABELS, SEGMENTED, SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED,
+                                            REGRESSION_LABELS, SATURABLE, SEGMENTED, SESSIONED, SESSION_IDS, SESSION_LEVEL, TARGETED,
                                             TENSOR_AVERAGED, THRESHOLD, MetricSpec, compute_mode, fused_updates_allowed,
                                             offloaded_vias, unpruned)
 
@@ -23,6 +23,15 @@ _STREAM = (
     _batch([(0.9, 1.0, 1.0), (0.2, 0.0, 2.0), (0.6, 0.0, 0.5)], [(0.3, 1.0, 1.0), (0.8, 1.0, 0.0), (0.45, 0.0, 3.0)]),
     _batch([(0.7, 0.0, 1.0), (0.4, 1.0, 1.0), (0.5, 1.0, 2.0)], [(0.1, 0.0, 2.0), (0.65, 1.0, 1.0), (0.25, 1.0, 0.5)]),
     _batch([(0.35, 0.0, 3.0), (0.95, 1.0, 0.5), (0.05, 0.0, 1.0)], [(0.55, 0.0, 1.0), (0.15, 1.0, 2.0), (0.85, 1.0, 1.0)]),
+)
+
+
+# The metrics of NE's cross entropy at its edges: task a all positives, task b all negatives (a base rate of 1
+# and of 0, clamped), saturated predictions (0 for a positive, 1 for a negative: clamped off log2(0)), zero weights.
+_SATURATED = (
+    _batch([(1.0, 1.0, 1.0), (0.0, 1.0, 2.0), (0.6, 1.0, 0.5)], [(0.0, 0.0, 1.0), (1.0, 0.0, 2.0), (0.45, 0.0, 3.0)]),
+    _batch([(0.3, 1.0, 1.0), (1.0, 1.0, 0.0), (0.0, 1.0, 3.0)], [(1.0, 0.0, 0.5), (0.65, 0.0, 1.0), (0.0, 0.0, 0.0)]),
+    _batch([(0.95, 1.0, 0.5), (0.0, 1.0, 1.0), (1.0, 1.0, 2.0)], [(0.15, 0.0, 2.0), (1.0, 0.0, 1.0), (0.85, 0.0, 1.0)]),
 )
 
 
@@ -115,7 +124,10 @@ def pinned(metric: str) -> tuple[MetricSpec, ...]:
               for r in resumed),
             # Two batches fused into one update, then the last: the window of 6 holds that last update alone.
             *((MetricSpec(metric, 2, "unfused", 3, unfused, stream, fused_updates=2, **_pinned_inputs(metric, 1)),)
-              if fused_updates_allowed(metric) else ()))
+              if fused_updates_allowed(metric) else ()),
+            # The saturated stream, a window holding all of it (one that drops batches subtracts their sums: formulas.py)
+            *((MetricSpec(metric, 2, compute_mode(metric, "fused"), 3, 9, _SATURATED, **_pinned_inputs(metric, 0)),)
+              if metric in SATURABLE else ()))
 
 
 def _mirrored(stream: tuple, metric: str) -> tuple:

@@ -54,7 +54,9 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   scores, over every sample's weight (undefined when that is 0), for k = 1 .. the classes
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
-where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). RAUC and XAUC take labels in [0, 1] (a
+where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). In NE, logloss, NE positive, unweighted, serving and
+segmented NE, and the calibration-free NE's cross entropy, p and NE's base rate m are clamped to [1e-12, 1 - 1e-12]
+(torchrec's eta): a saturated prediction or a window of one label gives a finite value, not log2(0). RAUC and XAUC take labels in [0, 1] (a
 regression target), num_missing_labels NaN among them.
 
 Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
@@ -72,6 +74,7 @@ from typing import Callable
 
 Sample = tuple[float, float, float]  # prediction, label, weight
 THRESHOLD = 0.5
+ETA = 1e-12  # the NE family's eta: predictions and NE's base rate m are taken within [eta, 1 - eta]
 
 
 def sums(samples: list[Sample]) -> tuple[float, float, float]:
@@ -82,8 +85,14 @@ def sums(samples: list[Sample]) -> tuple[float, float, float]:
     return weight, pos, neg
 
 
+def clamped(x: float) -> float:
+    """x within [ETA, 1 - ETA]: the NE family's guard against log2(0) (a saturated prediction, a base rate of all
+    positives or all negatives)."""
+    return min(max(x, ETA), 1.0 - ETA)
+
+
 def _cross_entropy(samples: list[Sample]) -> float:
-    return math.fsum(-w * l * math.log2(p) - w * (1.0 - l) * math.log2(1.0 - p) for p, l, w in samples)
+    return math.fsum(-w * l * math.log2(clamped(p)) - w * (1.0 - l) * math.log2(1.0 - clamped(p)) for p, l, w in samples)
 
 
 def ne(samples: list[Sample]) -> float:
@@ -93,12 +102,12 @@ def ne(samples: list[Sample]) -> float:
 def _norm(samples: list[Sample]) -> float:
     """NE's denominator: the cross entropy of the base rate, in bits."""
     weight, pos, neg = sums(samples)
-    mean = pos / weight
+    mean = clamped(pos / weight)
     return -pos * math.log2(mean) - neg * math.log2(1.0 - mean)
 
 
 def ne_positive(samples: list[Sample]) -> float:
-    return math.fsum(-w * l * math.log2(p) for p, l, w in samples) / _norm(samples)
+    return math.fsum(-w * l * math.log2(clamped(p)) for p, l, w in samples) / _norm(samples)
 
 
 def cali_free_ne(samples: list[Sample]) -> float:

@@ -1,8 +1,8 @@
 """The metrics check's cases: one torchrec metric class, one or two tasks, a stream of batches; the tables of
 what each metric reports, takes and is fed (draws.py draws the cases from them).
 
-Each batch holds, per task, ``batch_size`` samples (prediction, label, weight). Predictions are kept
-off 0 and 1 (torchrec clamps within 1e-12 of them for NE, a convention a draw need not test) and,
+Each batch holds, per task, ``batch_size`` samples (prediction, label, weight). Predictions are 0 and 1
+too for the metrics of NE's cross entropy (a saturated sigmoid: torchrec clamps them within 1e-12) and,
 for AUC, distinct over a task's whole stream (the order of tied predictions is the sort's, not a
 meaning).
 """
@@ -100,6 +100,8 @@ PER_BATCH = ("xauc", "scalar")
 # The metrics whose pairs tied in prediction count by their labels (XAUC: alike when the labels tie too): drawn
 # from three predictions, so that a batch often holds such a pair.
 TIED = ("xauc",)
+# The metrics that take log2 of a prediction and clamp it: drawn saturated predictions (0 and 1) too.
+SATURABLE = ("ne", "ne_positive", "unweighted_ne", "segmented_ne", "serving_ne")
 # The metrics whose lifetime value is the latest batch's (ScalarMetric logs the value it is given).
 LATEST_BATCH = ("scalar",)
 # The labels drawn: 0 and 1, a regression target in [0, 1] for the metrics that rank labels (ties

@@ -63,7 +63,10 @@ def tracker_cases(world_size: int) -> tuple[TrackerCase, ...]:
     interleaved = ((1, "publish"), (3, "snapshot"), (3, "publish"), (4, "publish"), (4, "snapshot"))
     return (TrackerCase(world_size, "ID_ONLY", interleaved, seed=71),
             TrackerCase(world_size, "ID_ONLY", interleaved, delete_on_read=False, auto_compact=True, seed=72),
-            TrackerCase(world_size, "EMBEDDING", ((2, "publish"), (4, "publish")), auto_compact=True, seed=73, cover=True))
+            TrackerCase(world_size, "EMBEDDING", ((2, "publish"), (4, "publish")), auto_compact=True, seed=73, cover=True),
+            # Two consumers, one lagging: its read spans lookups another read compacted apart (the ids and the
+            # rows each must come from every one of them).
+            TrackerCase(world_size, "EMBEDDING", interleaved, seed=74, cover=True))
 
 
 def embedding_mode_empty_lookup(world_size: int) -> TrackerCase:
