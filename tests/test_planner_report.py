@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -350,3 +351,58 @@ def test_the_peak_hbm_tiers_name_every_rank_when_fewer_than_five():
     assert "every rank of 4 is in one" in tier_problems(rows, 4)[0]
     assert "every rank of 3 is in one" in tier_problems(rows[:1], 3)[0]
     assert "not numbered 1, 2" in tier_problems([top, rows[1]], 3)[0]
+
+
+@pytest.fixture(scope="module", params=["cuda", "cpu"])
+def many_tables(request):
+    """torchrec's real stats table, chosen plan and topology for the report case (8 column-wise tables and a
+    dense layer), planned for GPU ranks and for CPU ranks."""
+    from paritykit.checks.planner.report_case import planned_report
+
+    return planned_report(request.param)
+
+
+def _replaced(rows: list[str], pattern: str, new: str) -> list[str]:
+    changed = [re.sub(pattern, new, row) for row in rows]
+    assert changed != rows, pattern
+    return changed
+
+
+def test_the_report_case_keeps_every_rule_and_names_five_of_its_eight_tables(many_tables):
+    from paritykit.checks.planner.report_case import report_case_problems, run_report_case
+    from paritykit.checks.planner.report_summary import top_tables
+
+    rows, best_plan, topology = many_tables
+    assert report_case_problems(rows, best_plan, topology) == []
+    assert len(top_tables(best_plan, "perf")[0]) == len(top_tables(best_plan, "hbm")[0]) == 8
+    assert run_report_case(topology.compute_device)["tables"] == 8
+
+
+def test_a_wrong_critical_path_top_table_list_or_index_count_is_caught(many_tables):
+    from paritykit.checks.planner.report_case import report_case_problems
+    from paritykit.checks.planner.report_summary import critical_path
+
+    rows, best_plan, topology = many_tables
+    comms, compute = critical_path(best_plan)
+    assert compute > 0.01 and comms >= 0
+    # The compute part without the forward pass (what a sum dropping it prints).
+    wrong = _replaced(rows, r"Critical Path \(compute\): \S+", f"Critical Path (compute): {round(compute * 0.5, 3)}")
+    assert any("Critical Path (compute)" in p for p in report_case_problems(wrong, best_plan, topology))
+    # A sixth table listed, or the smallest listed in place of the largest.
+    at = next(i for i, row in enumerate(rows) if "Top 5 Tables Causing Max Perf:" in row)
+    sixth = rows[:at + 2] + [rows[at + 1]] + rows[at + 2:]
+    assert any("lists the 5 largest" in p for p in report_case_problems(sixth, best_plan, topology))
+    last_hbm = next(i for i, row in enumerate(rows) if "Top 5 Tables Causing Max HBM:" in row) + 5
+    entry = rows[last_hbm]
+    wrong_gb = rows[:last_hbm] + [entry.replace(" GB on", "1 GB on", 1)] + rows[last_hbm + 1:]
+    assert any("the plan's shards of" in p for p in report_case_problems(wrong_gb, best_plan, topology))
+    # Num Indices as pooling factor minus poolings.
+    t2 = next(i for i, row in enumerate(rows) if row.strip("# ").startswith("ebc.t2 "))
+    wrong_indices = rows[:t2] + [rows[t2].replace(" 10.5 ", " 0.5 ", 1)] + rows[t2 + 1:]
+    assert wrong_indices != rows
+    assert any("Num Indices 0.5" in p for p in report_case_problems(wrong_indices, best_plan, topology))
+    # The dense layer's storage on the other memory, or not multiplied.
+    dense = next(i for i, row in enumerate(rows) if "Dense Storage (per rank):" in row) + 1
+    for wrong_row in (rows[dense].replace("HBM:", "DDR:").replace(", DDR:", ", HBM:"), re.sub(r"[0-9.]+ GB", "0.008 GB", rows[dense])):
+        wrong_dense = rows[:dense] + [wrong_row] + rows[dense + 1:]
+        assert any("dense storage" in p for p in report_case_problems(wrong_dense, best_plan, topology))

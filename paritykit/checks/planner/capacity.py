@@ -54,21 +54,25 @@ def run_capacity_case(case: CapacityCase) -> dict[str, Any]:
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from paritykit.checks.planner.report_rules import recorder
+    from torchrec.distributed.planner.stats import EmbeddingStats
+
+    from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems
 
     module = EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i}", embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f"f{i}"])
                                      for i in range(TABLES)], device=torch.device("meta"))
     chosen = recorder()
-    with quiet_planner():
+    with quiet_planner(), captured_stats_table() as rows:
         # The reservation works on a copy: this topology keeps each rank's whole memory.
         topology = topology_of(case.world_size, case.world_size, "cuda", hbm_cap=HBM_PER_RANK)
-        planner = EmbeddingShardingPlanner(topology=topology, stats=[chosen], batch_size=case.batch_size,
+        planner = EmbeddingShardingPlanner(topology=topology, stats=[EmbeddingStats(), chosen], batch_size=case.batch_size,
                                            storage_reservation=HeuristicalStorageReservation(percentage=RESERVED))
         planner.plan(module, get_default_sharders())
     problems = capacity_problems(chosen.best_plan, topology, "cuda", hbm_share=1 - RESERVED - case.kjt_bytes() / HBM_PER_RANK)
+    # Its report too: here the ranks' HBM is mostly used, so each rank's HBM percent is far from 0.
+    problems += report_problems(list(rows), chosen.best_plan, "cuda", case.world_size, topology, RESERVED)
     if problems:
         kinds = sorted({f"{o.name}:{o.sharding_type}/{o.compute_kernel}" for o in chosen.best_plan})
-        raise ParityError(f"{case.case_id()}\n  torchrec's planner filled the reserved memory ({', '.join(kinds)}):\n    "
+        raise ParityError(f"{case.case_id()}\n  torchrec's planner filled the reserved memory or misreported its plan ({', '.join(kinds)}):\n    "
                           + "\n    ".join(problems))
     used = storage_per_rank(chosen.best_plan)
     return {"ranks": len(used), "hbm_used_max": max(need["hbm"] for need in used.values()), "plan_shape": "planner/capacity"}

@@ -1,7 +1,8 @@
 """The planner check's gate entry: drawn planner cases on every world size (one host) and on the
 config's layouts of several hosts, a few per layout (each trains on its pool), and on each layout the
 placements offered to GPU ranks only, planned for cuda and held to the plan's rules; on several hosts,
-equal tables spread over them (spread_case.py)."""
+equal tables spread over them (spread_case.py); the capacity cases, the report on many tables (report_case.py),
+the value types and the planner's callbacks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from paritykit.checks.planner.capacity import LARGE_BATCH, CapacityCase, run_cap
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
+from paritykit.checks.planner.report_case import REPORTED_FOR, run_report_case
+from paritykit.checks.planner.report_case import case_id as report_case_id
 from paritykit.checks.planner.spread_case import run_spread_case, spread_cases
 from paritykit.checks.planner.value_types import value_type_case
 from paritykit.checks.results import CaseResult
@@ -35,6 +38,7 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
                                  for capacity in capacities]
     results += [run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
                 run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case)]
+    results += [run_case(NAME, report_case_id(device), config, lambda device=device: run_report_case(device)) for device in REPORTED_FOR]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
         pool = pools.get(hosts.world_size, ranks_per_host=ranks_per_host)

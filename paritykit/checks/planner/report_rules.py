@@ -20,6 +20,7 @@
   DDR, each with its percent of what the rank can plan with;
 - the reserved and planning memory are the reservation's share of the topology's HBM and the rest
   (with its DDR), the peak HBM pressure tiers numbered from 1 at the highest, each on its own ranks;
+- its critical path and the tables it names as causing the maximum perf and HBM (report_summary.py);
 - each chosen shard's estimates keep the rules of every option (estimate_rules.single_problems): its
   storage holds at least its weights and, pooled, one rank's output of the planner's batch, since a
   planner that estimates less than that overcommits memory.
@@ -36,6 +37,7 @@ from typing import Any, Iterator
 from paritykit.checks.planner.estimate_rules import PERF_COMPONENTS, single_problems
 from paritykit.checks.planner.plan_rules import COLUMN_WISE
 from paritykit.checks.planner.report_blocks import kernel_count_problems, printed_ranks, tier_problems
+from paritykit.checks.planner.report_summary import critical_path_problems, top_table_problems
 
 # torchrec's stats table writes this one row with one pad too many (a cosmetic defect of its own in
 # every supported stack): it may be one character wider than the border.
@@ -168,7 +170,7 @@ def _cells(row: str) -> list[str]:
     return re.split(r"\s{2,}", row.strip().strip("#").strip())
 
 
-def _table(rows: list[str], first_header: str) -> list[dict[str, str]]:
+def sub_table(rows: list[str], first_header: str) -> list[dict[str, str]]:
     """The data rows of the sub-table whose header row starts with ``first_header``, as {header: cell},
     up to its first empty row; [] when the stack prints no such table."""
     start = next((i for i, row in enumerate(rows) if _cells(row)[:1] == [first_header]), None)
@@ -191,7 +193,7 @@ def shard_count_problems(rows: list[str], best_plan: list[Any], world_size: int)
         for shard in option.shards:
             counts[shard.rank][ABBREVIATIONS[option.sharding_type]] += 1
     problems = []
-    for row in _table(rows, "Rank"):
+    for row in sub_table(rows, "Rank"):
         if "unparsed" in row or not row.get("Rank", "").isdigit() or int(row["Rank"]) not in counts:
             problems.append(f"the stats table's per-rank row {row.get('unparsed', row)!r} names no rank of {world_size}")
             continue
@@ -208,7 +210,7 @@ COLUMN_CUTTING = COLUMN_WISE + ("grid_shard",)
 def parameter_row_problems(rows: list[str], best_plan: list[Any]) -> list[str]:
     """Each table's parameter row against its sharding option: type, kernel, rows, output and weighting,
     features, its columns (and its shards' where they cut them) and its shards' ranks."""
-    printed = {row.get("FQN"): row for row in _table(rows, "FQN")}
+    printed = {row.get("FQN"): row for row in sub_table(rows, "FQN")}
     problems = []
     for option in best_plan:
         row = printed.get(option.fqn)
@@ -323,7 +325,7 @@ def rank_row_problems(rows: list[str], best_plan: list[Any], topology: Any, rese
     reservation, on GPU ranks; DDR: all of it)."""
     per_rank, storage_of, problems = perf_per_rank(best_plan), storage_per_rank(best_plan), []
     gpu = topology.compute_device in ("cuda", "mtia")
-    for row in _table(rows, "Rank"):
+    for row in sub_table(rows, "Rank"):
         if not row.get("Rank", "").isdigit() or int(row["Rank"]) >= len(topology.devices):
             continue  # shard_count_problems reports it
         rank, storage = int(row["Rank"]), topology.devices[int(row["Rank"])].storage
@@ -387,4 +389,5 @@ def report_problems(rows: list[str], best_plan: list[Any] | None, device: str, w
               if topology is not None and reserved is not None else [])
     return (frame_problems(rows) + negative_figure_problems(rows) + perf_figure_problems(rows, best_plan)
             + shard_count_problems(rows, best_plan, world_size) + parameter_row_problems(rows, best_plan) + imbalance_problems(rows, best_plan, world_size)
-            + maxima_problems(rows, best_plan, world_size) + kernel_count_problems(rows, best_plan) + memory + chosen[:4])
+            + maxima_problems(rows, best_plan, world_size) + kernel_count_problems(rows, best_plan)
+            + critical_path_problems(rows, best_plan) + top_table_problems(rows, best_plan) + memory + chosen[:4])
