@@ -151,7 +151,20 @@ def run_semi_sync(case: SemiSyncCase) -> dict[str, Any]:
                     anchors[name] -= case.outer_lr * (anchors[name] - p)
                     p.copy_(anchors[name])
         _check(f"parameters after step {step}", {k: v.detach() for k, v in theirs.items()}, {k: v.detach() for k, v in ours.items()}, case.case_id())
+        _expect_counters(case, optimizer, step + 1)
     return {"steps": case.steps, "global_steps": case.steps // case.num_local_steps}
+
+
+def _expect_counters(case: SemiSyncCase, optimizer: Any, steps: int) -> None:
+    """After ``steps`` steps (through a checkpoint too) the local step counter is ``steps`` and the global
+    one counts the global steps taken, one every ``num_local_steps``-th."""
+    from torchrec.optim.semi_sync import SEMISYNC_GLOBAL_STEP_COUNTER_KEY, SEMISYNC_LOCAL_STEP_COUNTER_KEY
+
+    got = {key: int(optimizer.params[key]) for key in (SEMISYNC_LOCAL_STEP_COUNTER_KEY, SEMISYNC_GLOBAL_STEP_COUNTER_KEY)}
+    want = {SEMISYNC_LOCAL_STEP_COUNTER_KEY: steps, SEMISYNC_GLOBAL_STEP_COUNTER_KEY: steps // case.num_local_steps}
+    if got != want:
+        raise ParityError(f"{case.case_id()}: SemisyncOptimizer's step counters after {steps} steps are {got}, expected {want} "
+                          f"(a global step every {case.num_local_steps} local steps)")
 
 
 def _expect_params(case: SemiSyncCase, optimizer: Any, names: list[str]) -> None:
