@@ -1,8 +1,8 @@
 """The sharded model's state surface against the unsharded module's (the oracle: the module before
 sharding, its names and its seeded weights):
 
-- ``DMP.named_parameters()``, ``named_buffers(remove_duplicate=False)`` and ``state_dict()`` keys: the
-  unsharded module's names, each once (DMP strips its and DDP's wrappers);
+- ``DMP.named_parameters()``, ``bare_named_parameters()``, ``named_buffers(remove_duplicate=False)`` and
+  ``state_dict()`` keys: the unsharded module's names, each once (DMP strips its and DDP's wrappers);
 - ``state_dict()`` saved and loaded into a freshly sharded model holding other weights: every table
   and dense tensor gathered from the fresh model's shards equals the unsharded weights bit for bit,
   on plans where a rank holds no shard of a table (table-wise on the last rank) and a rank holds two
@@ -139,6 +139,8 @@ def surface_on_rank(setup: TrainingSetup, output_dtensor: bool) -> dict[str, Any
     fresh.load_state_dict(dict(saved))
     return {
         "parameters": [name for name, _ in dmp.named_parameters()],
+        # What a dense optimizer is built over (dmp_cases.py): every parameter once, by default into submodules.
+        **({"bare parameters": [name for name, _ in dmp.bare_named_parameters()]} if hasattr(dmp, "bare_named_parameters") else {}),
         "buffers": [name for name, _ in dmp.named_buffers(remove_duplicate=False)],
         "keys": list(saved),
         "kinds": sorted({type(value).__name__ for value in saved.values()}),
@@ -274,11 +276,13 @@ def names_problems(setup: TrainingSetup, per_rank: list[dict[str, Any]]) -> list
     from paritykit.harness.dmp import canonical_name
 
     model = setup.model_fn()
-    expected = {"parameters": [n for n, _ in model.named_parameters()],
+    expected = {"parameters": [n for n, _ in model.named_parameters()], "bare parameters": [n for n, _ in model.named_parameters()],
                 "buffers": [n for n, _ in model.named_buffers(remove_duplicate=False)], "keys": list(model.state_dict())}
     problems = []
     for rank, record in enumerate(per_rank):
         for what, names in expected.items():
+            if what not in record:  # a stack without the method
+                continue
             found = [canonical_name(name) for name in record[what]]
             if sorted(found) != sorted(names):
                 extra, lacking = sorted(set(found) - set(names)), sorted(set(names) - set(found))
