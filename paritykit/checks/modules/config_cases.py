@@ -6,7 +6,8 @@
 - a PoolingType converts to fbgemm's PoolingMode of its name (MEAN under a row-wise or table-row-wise
   sharding to SUM: the module divides afterwards, which the sharding check compares) and to the
   name nn.EmbeddingBag takes; NONE has no such name;
-- an EBC or EC refuses two tables of one name, an EC tables of different widths, naming the table;
+- an EBC or EC refuses two tables of one name, an EC tables of different widths, naming the table; a
+  ManagedCollisionCollection a remapper whose slots are not its table's rows (more or fewer), naming the table;
   a table given no feature names is looked up by its own name; a table's ``init_fn`` sets its
   weight at construction and again at ``reset_parameters`` (a module on the meta device keeps none);
 - a virtual table's eviction policy left without an inference setting takes the training one (one
@@ -123,7 +124,23 @@ def construction_refusals() -> dict[str, Any]:
     words = _refuses(lambda: _module("ec", [_config("ec", "t_a", 4), _config("ec", "t_b", 8)]))
     expect(words is not None and all(part in words for part in ("t_b", "8", "4")),
             f"ec with tables of 4 and 8 columns: {words or 'built'}; expected a refusal naming 't_b' and both widths")
-    return {"refusals": 3}
+    for zch_size in (7, 3):  # a remapper's ids past the table's rows, or some of its rows never reached
+        words = _refuses(lambda zch_size=zch_size: _managed(zch_size, rows=5))
+        expect(words is not None and "t_mc" in words,
+               f"a managed collision collection of a table of 5 rows remapped into {zch_size} slots: {words or 'built'}; "
+               "expected a refusal naming the table")
+    _managed(5, rows=5)  # the remapper's slots the table's rows: built
+    return {"refusals": 5}
+
+
+def _managed(zch_size: int, rows: int) -> Any:
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.mc_modules import DistanceLFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
+
+    remapper = MCHManagedCollisionModule(zch_size=zch_size, device=torch.device("cpu"), eviction_policy=DistanceLFU_EvictionPolicy(),
+                                         eviction_interval=1)
+    return ManagedCollisionCollection(managed_collision_modules={"t_mc": remapper},
+                                      embedding_configs=[EmbeddingConfig(name="t_mc", num_embeddings=rows, embedding_dim=4, feature_names=["f_mc"])])
 
 
 def _filled(weight: torch.Tensor) -> None:
@@ -227,7 +244,8 @@ def eviction_defaults() -> dict[str, Any]:
 CONFIG_CASES: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
     ("configs: table data types convert to torch and fbgemm types of their width and kind", data_types_convert),
     ("configs: pooling types convert to fbgemm's pooling modes and nn.EmbeddingBag's names", poolings_convert),
-    ("configs: an EBC/EC refuses tables of one name, an EC tables of different widths", construction_refusals),
+    ("configs: an EBC/EC refuses tables of one name, an EC tables of different widths, a managed collision collection a "
+     "remapper of another size than its table", construction_refusals),
     ("configs: a table's init_fn sets its weight at construction and at reset_parameters", init_fn_and_reset),
     ("configs: a table given no feature names is looked up by its own name", table_name_as_feature),
     ("configs: an eviction policy's inference settings default to its training ones", eviction_defaults),

@@ -12,6 +12,7 @@ from paritykit.checks.modules.dense_modules import SWISH, DenseSpec
 from paritykit.checks.modules.pool_cases import (KJT_POOL_EMPTY_LOOKUP, KJT_POOL_EMPTY_UPDATE, KJT_POOL_SHARD_ORDER,
                                                  KJT_POOL_WEIGHTED, PoolSpec, empty_lookup_spec, out_of_shard_order_spec,
                                                  pinned_pool_specs, run_pool_case)
+from paritykit.checks.modules.position_cases import VARIABLE_BATCH_MIXED, VARIABLE_BATCH_MIXED_SPEC, run_position_case
 from paritykit.errors import ParityError
 
 MLP_SWISH_DTYPE = "mlp-swish-layernorm-ignores-dtype"
@@ -48,6 +49,8 @@ KNOWN_BROKEN: dict[str, tuple[str, Callable[[], Any]]] = {
                             lambda: run_pool_case(None, PoolSpec(
                                 "kjt", 1, 3, "int64", "int64", (("update", ((1,),)), ("update", ((),)), ("lookup", ((0, 1, 2),))),
                                 features=(("f0", 2), ("f1", 1)), input_keys=("f0", "f1"), lengths=((((2, 1),),), ((),), None)))),
+    VARIABLE_BATCH_MIXED: ("PositionWeightedProcessor weighting f1 of a KJT of a variable batch (f0 1 bag, f1 3, f2 1), against "
+                           "the position weights by hand", lambda: run_position_case(VARIABLE_BATCH_MIXED_SPEC)),
 }
 
 # Those that need a pool of two ranks: rule -> (what, body(pool)).

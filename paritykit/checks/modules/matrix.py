@@ -1,7 +1,8 @@
 """The modules check's gate entry: every dense module family (pinned specs, then drawn ones) against
 its formula, the managed-collision remapper against its eviction policy, MC-EC/EBC against the remap
 plus a hand lookup, an MC-EBC sharded row-wise on the ranks (mc_sharded_cases.py), the object pools
-unsharded and sharded row-wise against a pool model (pool_cases.py), the embedding configs and the
+unsharded and sharded row-wise against a pool model (pool_cases.py), the position-weighted feature
+processors against their weights by hand (position_cases.py), the embedding configs and the
 modules' construction against what they mean (config_cases.py), and the known-broken
 reproductions. All on CPU; only the sharded modules need a pool."""
 
@@ -16,6 +17,8 @@ from paritykit.checks.modules.known_broken import KNOWN_BROKEN, SHARDED_KNOWN_BR
 from paritykit.checks.modules.mc_lookup_cases import mc_properties
 from paritykit.checks.modules.mc_sharded_cases import pinned_specs, run_sharded_mc_case, sharded_mc_specs
 from paritykit.checks.modules.pool_cases import pinned_pool_specs, pool_specs, run_pool_case, too_long_sample_is_refused
+from paritykit.checks.modules.position_cases import PINNED as POSITION_PINNED
+from paritykit.checks.modules.position_cases import position_specs, run_position_case
 from paritykit.checks.results import CaseResult
 from paritykit.checks.runner import GateConfig, run_case, run_property
 
@@ -36,6 +39,8 @@ def run_matrix(config: GateConfig, pools: Any = None) -> list[CaseResult]:
     for kind in ("tensor", "kjt"):
         results += run_property(NAME, pool_specs(kind, 1), lambda spec: run_pool_case(None, spec), config,
                                 case_id=lambda spec: spec.case_id(), explicit=pinned_pool_specs(kind, 1))
+    results += run_property(NAME, position_specs(), run_position_case, config, case_id=lambda spec: spec.case_id(),
+                            explicit=POSITION_PINNED)
     for what, body in CONFIG_CASES:
         results.append(run_case(NAME, what, config, body))
     for max_length, length in ((1, 2), (3, 5)):
