@@ -170,3 +170,17 @@ def test_the_plan_leaves_the_reserved_share_and_the_kjt_storage_free_and_a_reser
                         storage_reservations._get_kjt_storage(topology, batch_inputs, input_data_type_size, multiplier))
     with pytest.raises(ParityError, match="left after the reservation"):
         run_capacity_case(large)
+
+
+def test_torchrecs_proposers_propose_as_documented_and_a_greedy_order_reversed_is_caught(monkeypatch):
+    from torchrec.distributed.planner import proposers
+
+    from paritykit.checks.planner.proposer_case import run_proposer_case
+
+    metrics = run_proposer_case()
+    assert metrics["options"] == 64 and metrics["proposals"] > 61 + 81  # greedy's 1 + 4 x 15, the grid's 3^4, and more
+    # Options ranked worst first: the greedy and uniform proposers start from each table's worst.
+    score = proposers._sharding_option_score
+    monkeypatch.setattr(proposers, "_sharding_option_score", lambda option, use_depth=True: -score(option, use_depth))
+    with pytest.raises(ParityError, match="first proposal takes"):
+        run_proposer_case()
