@@ -265,6 +265,24 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
     assert problems and all("bwd_compute" in p and "with the features weighted" in p for p in problems), problems
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_input_distribution_faster_than_its_ids_can_travel_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import floor_problems, input_dist_floor
+    from paritykit.checks.planner.planning import topology
+
+    case = pinned_cases(2, 2)[0]
+    base, topo = _traffic(device, 2.0, 1.0), topology(case, device)
+    option = next(o for o in base if o.sharding_type == "table_wise")
+    shard = option.shards[0]
+    if not hasattr(shard.perf, "input_dist_comms"):
+        pytest.skip("this torchrec's Perf has no input_dist_comms")
+    assert floor_problems(base, device, topo) == [] and shard.perf.input_dist_comms >= input_dist_floor(option, shard, topo) > 0
+    # The ids counted in bytes over their 8-byte size (a `*` become `//`): 64 times too fast.
+    shard.perf = dataclasses.replace(shard.perf, input_dist_comms=shard.perf.input_dist_comms / 64)
+    problems = floor_problems(base, device, topo)
+    assert len(problems) == 1 and "input_dist_comms" in problems[0], problems
+
+
 def test_a_uvm_cache_smaller_than_its_load_factor_is_caught():
     from paritykit.checks.planner.estimate_rules import cache_problems
     from paritykit.checks.planner.planning import CACHE_LOAD_FACTOR

@@ -33,6 +33,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
   of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
   data-parallel table its own rank's; and its storage holds at least its weights, those ids and
   those vectors;
+- the input distribution to a shard (a data-parallel table has none) takes at least the time to
+  receive the other ranks' share of its step's ids (4 bytes each) at the fastest link between ranks;
 - and at most CEILING_SLACK (1000) times the time to move every byte its step could touch (int64
   ids with weights, rows and output vectors at float32, 32 columns at least) at the slowest bandwidth
   the topology declares: any calibration passes, a time in another unit does not;
@@ -277,6 +279,13 @@ def storage_floor(option: Any, shard: Any, world_size: int) -> float:
     return rows * columns * element + ids * MIN_ID_BYTES + vectors * columns * element
 
 
+def input_dist_floor(option: Any, shard: Any, topology: Any) -> float:
+    """The least time (ms) the input distribution to a shard takes: the ids the other ranks send it (its
+    step's ids but its own rank's share), MIN_ID_BYTES each, at the fastest link between ranks."""
+    ids, _ = step_traffic(option, shard, topology.world_size)
+    return ids * (topology.world_size - 1) / topology.world_size * MIN_ID_BYTES / max(topology.intra_host_bw, topology.inter_host_bw)
+
+
 def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
     """Shards whose forward or backward compute is less than the bytes its step must move at the
     fastest bandwidth the topology declares, or whose storage is less than its weights and its step's
@@ -292,6 +301,12 @@ def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
                 if found < least * (1 - LINEAR_TOLERANCE):
                     problems.append(f"{where}: {component} {found} ms, less than reading its {ids:g} ids and their rows and "
                                     f"writing {vectors:g} output vectors takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
+            if option.sharding_type != "data_parallel" and hasattr(shard.perf, "input_dist_comms"):
+                least_sent = input_dist_floor(option, shard, topology)
+                if shard.perf.input_dist_comms < least_sent * (1 - LINEAR_TOLERANCE):
+                    problems.append(f"{where}: input_dist_comms {shard.perf.input_dist_comms} ms, less than the other ranks' "
+                                    f"{ids * (topology.world_size - 1) / topology.world_size:g} ids it receives take at the fastest "
+                                    f"bandwidth between ranks the topology declares ({least_sent} ms)")
             held, least_held = _held_by(shard), storage_floor(option, shard, topology.world_size)
             if held < least_held:
                 problems.append(f"{where}: storage {held} bytes, less than its weights, its step's {ids:g} ids and "
