@@ -184,3 +184,19 @@ def test_torchrecs_proposers_propose_as_documented_and_a_greedy_order_reversed_i
     monkeypatch.setattr(proposers, "_sharding_option_score", lambda option, use_depth=True: -score(option, use_depth))
     with pytest.raises(ParityError, match="first proposal takes"):
         run_proposer_case()
+
+
+def test_the_planner_refuses_what_fits_no_rank_with_the_right_reason_and_a_swapped_reason_is_caught():
+    from paritykit.checks.planner.refusal_case import refusal_problems, run_refusal_case
+
+    assert run_refusal_case()["refusals"] == 2
+    message = ("Unable to find a plan ... 1) Increase the number of devices (2) ... Global storage available for model parallel: "
+               "Storage(hbm = 0.106 GB, ddr = 0.125 GB), Global storage requirement for model parallel: Storage(hbm = 0.0 GB, "
+               "ddr = 0.095 GB)) 3) Reduce local batch size (512)")
+    assert refusal_problems(message, "STRICT_CONSTRAINTS", "STRICT_CONSTRAINTS", 400_000) == []
+    assert any("expected INSUFFICIENT_STORAGE" in p for p in refusal_problems(message, "STRICT_CONSTRAINTS", "INSUFFICIENT_STORAGE", 400_000))
+    # A requirement below the table's weights, or availability without the reservation taken off.
+    assert any("less than the table's" in p for p in refusal_problems(message.replace("0.095", "0.05"), "STRICT_CONSTRAINTS",
+                                                                         "STRICT_CONSTRAINTS", 400_000))
+    assert any("less the reservation" in p for p in refusal_problems(message.replace("0.106", "0.125"), "STRICT_CONSTRAINTS",
+                                                                        "STRICT_CONSTRAINTS", 400_000))

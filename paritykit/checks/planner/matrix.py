@@ -2,7 +2,8 @@
 config's layouts of several hosts, a few per layout (each trains on its pool), and on each layout the
 placements offered to GPU ranks only, planned for cuda and held to the plan's rules; on several hosts,
 equal tables spread over them (spread_case.py); the capacity cases, the report on many tables (report_case.py),
-the value types, the planner's callbacks and its proposers (proposer_case.py)."""
+the value types, the planner's callbacks, its proposers (proposer_case.py) and its refusals
+(refusal_case.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from paritykit.checks.planner.draws import planner_cases
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
 from paritykit.checks.planner.proposer_case import CASE_ID as PROPOSER_CASE_ID
 from paritykit.checks.planner.proposer_case import run_proposer_case
+from paritykit.checks.planner.refusal_case import CASE_ID as REFUSAL_CASE_ID
+from paritykit.checks.planner.refusal_case import run_refusal_case
 from paritykit.checks.planner.report_case import REPORTED_FOR, run_report_case
 from paritykit.checks.planner.report_case import case_id as report_case_id
 from paritykit.checks.planner.spread_case import run_spread_case, spread_cases
@@ -40,7 +43,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
                                  for capacity in capacities]
     results += [run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
                 run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case),
-                run_case(NAME, PROPOSER_CASE_ID, config, run_proposer_case)]
+                run_case(NAME, PROPOSER_CASE_ID, config, run_proposer_case),
+                run_case(NAME, REFUSAL_CASE_ID, config, run_refusal_case)]
     results += [run_case(NAME, report_case_id(device), config, lambda device=device: run_report_case(device)) for device in REPORTED_FOR]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None

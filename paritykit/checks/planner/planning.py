@@ -22,18 +22,19 @@ def topology(case: PlannerCase, device: str = "cpu", bwd_compute_multiplier: flo
 
 
 def topology_of(world_size: int, ranks_per_host: int, device: str, hbm_cap: int | None = None,
-                bwd_compute_multiplier: float | None = None) -> Any:
-    """TopologyFactory where torchrec has it (its recommended way), else Topology itself; ``hbm_cap``:
-    each rank's HBM in bytes (the device's default when None); ``bwd_compute_multiplier``: the
-    topology's (torchrec's default when None)."""
+                bwd_compute_multiplier: float | None = None, ddr_cap: int | None = None) -> Any:
+    """TopologyFactory where torchrec has it (its recommended way), else Topology itself; ``hbm_cap``,
+    ``ddr_cap``: each rank's HBM and DDR in bytes (the device's default when None);
+    ``bwd_compute_multiplier``: the topology's (torchrec's default when None)."""
     from torchrec.distributed.planner import types
 
-    cap = {} if hbm_cap is None else {"hbm_cap": hbm_cap}
+    cap = {name: value for name, value in (("hbm_cap", hbm_cap), ("ddr_cap", ddr_cap)) if value is not None}
     kernel = {} if bwd_compute_multiplier is None else {"bwd_compute_multiplier": bwd_compute_multiplier}
     factory = getattr(types, "TopologyFactory", None)
     if factory is not None and hasattr(types, "TrainerConfig") and hasattr(types, "KernelConfig"):
-        if hbm_cap is None or "hbm_cap_bytes" in getattr(types.TrainerConfig, "__dataclass_fields__", {}):
-            trainer_cap = {} if hbm_cap is None else {"hbm_cap_bytes": hbm_cap}
+        fields = getattr(types.TrainerConfig, "__dataclass_fields__", {})
+        if all(f"{name}_bytes" in fields for name in cap):
+            trainer_cap = {f"{name}_bytes": value for name, value in cap.items()}
             return factory.create_topology(
                 trainer_config=types.TrainerConfig(world_size=world_size, local_world_size=ranks_per_host, **trainer_cap),
                 kernel_config=types.KernelConfig(compute_device=device, **kernel))
