@@ -3,6 +3,7 @@ shown first to change the plan torchrec's planner makes, then caught by the self
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -200,3 +201,18 @@ def test_the_planner_refuses_what_fits_no_rank_with_the_right_reason_and_a_swapp
                                                                          "STRICT_CONSTRAINTS", 400_000))
     assert any("less the reservation" in p for p in refusal_problems(message.replace("0.106", "0.125"), "STRICT_CONSTRAINTS",
                                                                         "STRICT_CONSTRAINTS", 400_000))
+
+
+def test_the_memory_balanced_partitioner_keeps_its_tolerance_and_a_plan_beyond_it_is_caught():
+    from paritykit.checks.planner.memory_balance_case import balance_problems, proposal, run_memory_balance_case
+    from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner, MemoryBalancedPartitioner, SortBy
+
+    fullest = run_memory_balance_case()["fullest_rank_hbm"]
+    assert fullest[1] < fullest[0]  # at 50% the search finds a plan of less HBM on its fullest rank
+    options, topology = proposal()
+    original = GreedyPerfPartitioner(sort_by=SortBy.PERF).partition(copy.deepcopy(options), topology)
+    looser = MemoryBalancedPartitioner(tolerance=0.5).partition(copy.deepcopy(options), topology)
+    # The plan found at 50% held to the default 2%: beyond it.
+    assert any("beyond 1.02 x" in p for p in balance_problems(original, looser, 0.02))
+    # The greedy plan against the balanced one as if it were the original: more HBM on its fullest rank.
+    assert any("more than the greedy plan's" in p for p in balance_problems(looser, original, 0.5))

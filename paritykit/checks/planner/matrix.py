@@ -2,8 +2,8 @@
 config's layouts of several hosts, a few per layout (each trains on its pool), and on each layout the
 placements offered to GPU ranks only, planned for cuda and held to the plan's rules; on several hosts,
 equal tables spread over them (spread_case.py); the capacity cases, the report on many tables (report_case.py),
-the value types, the planner's callbacks, its proposers (proposer_case.py) and its refusals
-(refusal_case.py)."""
+the value types, the planner's callbacks, its proposers (proposer_case.py), its refusals
+(refusal_case.py) and the memory-balanced partitioner (memory_balance_case.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from paritykit.checks.planner.callback_case import run_callback_case
 from paritykit.checks.planner.capacity import LARGE_BATCH, CapacityCase, run_capacity_case
 from paritykit.checks.planner.case_runner import run_gpu_plan_case, run_planner_case
 from paritykit.checks.planner.draws import planner_cases
+from paritykit.checks.planner.memory_balance_case import CASE_ID as MEMORY_BALANCE_CASE_ID
+from paritykit.checks.planner.memory_balance_case import run_memory_balance_case
 from paritykit.checks.planner.pinned import gpu_only_cases, pinned_cases
 from paritykit.checks.planner.proposer_case import CASE_ID as PROPOSER_CASE_ID
 from paritykit.checks.planner.proposer_case import run_proposer_case
@@ -44,7 +46,8 @@ def run_matrix(config: GateConfig, pools: PoolProvider) -> list[CaseResult]:
     results += [run_case(NAME, "planner value types: Storage and Perf arithmetic", config, value_type_case),
                 run_case(NAME, CALLBACK_CASE_ID, config, run_callback_case),
                 run_case(NAME, PROPOSER_CASE_ID, config, run_proposer_case),
-                run_case(NAME, REFUSAL_CASE_ID, config, run_refusal_case)]
+                run_case(NAME, REFUSAL_CASE_ID, config, run_refusal_case),
+                run_case(NAME, MEMORY_BALANCE_CASE_ID, config, run_memory_balance_case)]
     results += [run_case(NAME, report_case_id(device), config, lambda device=device: run_report_case(device)) for device in REPORTED_FOR]
     for hosts in dict.fromkeys(layouts):
         ranks_per_host = hosts.ranks_per_host if hosts.hosts > 1 else None
