@@ -13,7 +13,10 @@ space; and per proposer:
   at most its ``max_proposals``, else none (searched over each table's three best options);
 - ``DynamicProgrammingProposer`` first proposes every table's option of the least HBM; after the
   feedback (the topology), plans of at most the topology's HBM that minimize the perf summed over the
-  tables for their HBM: one of them is the plan of every table's best option when that fits.
+  tables for their HBM: one of them is the plan of every table's best option when that fits;
+
+and the planner given the grid chooses the plan rated best (its perf model: the largest rank's summed
+perf) of every combination's, each partitioned here as the planner partitions.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any, Callable
 
 from paritykit.errors import HarnessError, ParityError
 
-CASE_ID = "planner proposers: greedy, uniform, grid search and dynamic programming over 4 tables on 2 GPU ranks, as documented"
+CASE_ID = ("planner proposers: greedy, uniform, grid search and dynamic programming over 4 tables on 2 GPU ranks, as documented; "
+           "the planner's choice the best rated")
 TABLES = ((2048, 64), (512, 32), (8192, 16), (256, 128))  # rows, columns
 WORLD_SIZE = 2
 MOST_PROPOSALS = 5000
@@ -175,6 +179,62 @@ def dynamic_problems(proposals: list[list[Any]], tables: dict[str, list[Any]], t
     return problems
 
 
+def rating(plan: list[Any], world_size: int) -> float:
+    """The planner's perf model (NoopPerfModel): the largest rank's summed shard perf."""
+    perf = [0.0] * world_size
+    for option in plan:
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+    return max(perf)
+
+
+def planner_choice_problems() -> list[str]:
+    """The planner given GridSearchProposer over each table's table-, row- and column-wise options (fused):
+    its plan is rated the least of every combination's plan, each partitioned here by the planner's
+    default partitioner (GreedyPerfPartitioner) and rated by its perf model."""
+    import copy
+    import itertools
+
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+    from torchrec.distributed.planner.proposers import GridSearchProposer
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from paritykit.checks.planner.planning import topology_of
+    from paritykit.checks.planner.report_rules import recorder
+    from paritykit.harness.noise import quiet_planner
+
+    def module() -> Any:
+        return EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=columns, feature_names=[f"f{i}"])
+                                       for i, (rows, columns) in enumerate(TABLES)], device=torch.device("meta"))
+
+    constraints = {f"t{i}": ParameterConstraints(sharding_types=["table_wise", "row_wise", "column_wise"], compute_kernels=["fused"])
+                   for i in range(len(TABLES))}
+    with quiet_planner():
+        topology = topology_of(WORLD_SIZE, WORLD_SIZE, "cuda")
+        estimators = [EmbeddingPerfEstimator(topology=topology, constraints=constraints),
+                      EmbeddingStorageEstimator(topology=topology, constraints=constraints)]
+        options = EmbeddingEnumerator(topology=topology, batch_size=512, estimator=estimators,
+                                      constraints=constraints).enumerate(module(), get_default_sharders())
+        ratings = [rating(GreedyPerfPartitioner().partition(copy.deepcopy(list(combination)), topology), WORLD_SIZE)
+                   for combination in itertools.product(*_by_table(options).values())]
+        chosen = recorder()
+        EmbeddingShardingPlanner(topology=topology_of(WORLD_SIZE, WORLD_SIZE, "cuda"), constraints=constraints, proposer=GridSearchProposer(),
+                                 stats=[chosen]).plan(module(), get_default_sharders())
+    if chosen.best_plan is None:
+        return ["the planner with GridSearchProposer never handed its plan to the Stats it was given"]
+    got = rating(chosen.best_plan, WORLD_SIZE)
+    if not math.isclose(got, min(ratings), rel_tol=1e-9):
+        return [f"the planner with GridSearchProposer chose a plan rated {got}; the best of the {len(ratings)} combinations is rated "
+                f"{min(ratings)} (the worst {max(ratings)})"]
+    return []
+
+
 def run_proposer_case() -> dict[str, Any]:
     from torchrec.distributed.planner import proposers
 
@@ -207,6 +267,7 @@ def run_proposer_case() -> dict[str, Any]:
     if beyond:
         problems.append(f"GridSearchProposer with max_proposals one short of the {math.prod(map(len, few_tables.values()))} combinations "
                         f"proposed {len(beyond)} plans, expected none")
+    problems += planner_choice_problems()
     if problems:
         raise ParityError(f"{CASE_ID}\n  torchrec's proposers broke what they document:\n    " + "\n    ".join(problems))
     return {"options": len(options), "proposals": sum(counts.values()), "plan_shape": "planner/proposers"}
