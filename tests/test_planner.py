@@ -216,3 +216,14 @@ def test_the_memory_balanced_partitioner_keeps_its_tolerance_and_a_plan_beyond_i
     assert any("beyond 1.02 x" in p for p in balance_problems(original, looser, 0.02))
     # The greedy plan against the balanced one as if it were the original: more HBM on its fullest rank.
     assert any("more than the greedy plan's" in p for p in balance_problems(looser, original, 0.5))
+
+
+def test_a_planner_keeping_the_worst_rated_plan_is_caught(monkeypatch):
+    from torchrec.distributed.planner import perf_models
+
+    from paritykit.checks.planner.proposer_case import planner_choice_problems
+
+    assert planner_choice_problems() == []
+    rate = perf_models.NoopPerfModel.rate
+    monkeypatch.setattr(perf_models.NoopPerfModel, "rate", lambda self, plan: -rate(self, plan))
+    assert any("chose a plan rated" in p for p in planner_choice_problems())
