@@ -60,6 +60,19 @@ def test_a_plan_whose_shards_sit_elsewhere_than_its_ranks_or_on_two_hosts_is_nam
     assert any("on more than one host" in p for p in plan_problems(case, plan, kernels_offered("ebc")))
 
 
+def test_a_shard_placed_on_another_device_than_its_ranks_own_is_named():
+    from paritykit.checks.planner.case_runner import _cuda_plan
+
+    case = pinned_cases(4, 2)[0]
+    plan, problems = _cuda_plan(case)
+    assert problems == []
+    shard = plan.plan[""]["t0"].sharding_spec.shards[-1]
+    rank = shard.placement.rank()
+    assert str(shard.placement.device()) == f"cuda:{rank % 2}"  # the rank's local GPU
+    shard.placement = type(shard.placement)(f"rank:{rank}/cuda")
+    assert any("'t0'" in p and "not cuda:" in p for p in plan_problems(case, plan, kernels_offered("ebc", "cuda"), "cuda"))
+
+
 @pytest.mark.parametrize("world_size, ranks_per_host", [(2, 2), (4, 2), (6, 3)])
 def test_torchrecs_gpu_plans_of_row_wise_table_row_wise_and_grid_keep_every_rule(world_size, ranks_per_host):
     case = gpu_only_cases(world_size, ranks_per_host)[0]

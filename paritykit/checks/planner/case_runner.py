@@ -34,7 +34,7 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
                            f"of {getattr(pool, 'ranks_per_host', pool.world_size)} per host")
     make = model_fn(case)
     plan, report_problems = plan_case(case, make(), pool.device)
-    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device)) + report_problems + estimate_problems(case)
+    problems = plan_problems(case, plan, kernels_offered(case.module, pool.device), pool.device) + report_problems + estimate_problems(case)
     if pool.device != "cuda":
         # The same model planned for GPU ranks (planning needs no GPU): held to the same rules.
         problems += [f"planned for cuda: {p}" for p in _cuda_plan(case)[1]]
@@ -52,7 +52,7 @@ def run_planner_case(case: PlannerCase, pool: Any) -> dict[str, Any]:
 def _cuda_plan(case: PlannerCase) -> tuple[Any, list[str]]:
     """The case planned for GPU ranks (planning needs no GPU) and every rule the plan or its report breaks."""
     plan, report = plan_case(case, model_fn(case)(), "cuda")
-    return plan, plan_problems(case, plan, kernels_offered(case.module, "cuda")) + report
+    return plan, plan_problems(case, plan, kernels_offered(case.module, "cuda"), "cuda") + report
 
 
 def _sharding_types(plan: Any) -> str:

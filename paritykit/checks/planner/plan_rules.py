@@ -3,7 +3,8 @@ constraints and of each sharding type (independent of torchrec's planner and sha
 
 - every table is planned, with a sharding type the user allowed, and a kernel the sharder offers
   for it on the ranks' device;
-- its ranks exist, and each shard's placement is the rank listed for it, in order;
+- its ranks exist, and each shard's placement is the rank listed for it, in order, on the rank's own
+  device (a GPU rank's ``cuda:<local rank>``);
 - table-wise: one shard, the whole table; data-parallel: every rank, no shards;
 - column-wise and table-column-wise: shards of all the rows, side by side from column 0 to the last,
   of equal width: the smallest multiple of 4 that is at least ``min_partition`` (128 when not given)
@@ -17,6 +18,8 @@ constraints and of each sharding type (independent of torchrec's planner and sha
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from paritykit.checks.planner.cases import PlannerCase
 from paritykit.harness.plans import row_shard_sizes
@@ -94,9 +97,21 @@ def _host_rows_problem(case: PlannerCase, table: TableSpec, shards: list, kind: 
     return None
 
 
-def plan_problems(case: PlannerCase, plan: Any, kernels_offered: dict[str, tuple[str, ...]]) -> list[str]:
+def placement_problem(case: PlannerCase, sharding: Any, device: str) -> str | None:
+    """A shard placed on another device than its rank's own: ``cuda:<local rank>`` on a GPU rank (each
+    rank of a host drives the GPU of its local rank), ``cpu`` on a CPU rank."""
+    for shard in (sharding.sharding_spec.shards if sharding.sharding_spec is not None else ()):
+        rank, placed = shard.placement.rank(), shard.placement.device()
+        want = torch.device("cuda", rank % case.ranks_per_host) if device == "cuda" else torch.device(device)
+        if placed != want:
+            return f"its shard at {list(shard.shard_offsets)} is placed on rank {rank}'s {placed}, not {want}"
+    return None
+
+
+def plan_problems(case: PlannerCase, plan: Any, kernels_offered: dict[str, tuple[str, ...]], device: str | None = None) -> list[str]:
     """Every way the planned ``plan`` breaks the rules above, naming the table.
-    ``kernels_offered``: the compute kernels torchrec's sharder lists per sharding type on the device."""
+    ``kernels_offered``: the compute kernels torchrec's sharder lists per sharding type on the device;
+    ``device``: the ranks' device type, whose placements the shards must name (not checked when None)."""
     planned = {name: sharding for module_plan in plan.plan.values() for name, sharding in module_plan.items()}
     problems = []
     for table in case.tables:
@@ -111,7 +126,7 @@ def plan_problems(case: PlannerCase, plan: Any, kernels_offered: dict[str, tuple
         if sharding.compute_kernel not in kernels_offered.get(sharding.sharding_type, ()):
             problems.append(f"table {table.name!r} ({sharding.sharding_type}) has kernel {sharding.compute_kernel!r}; "
                             f"the sharder offers {list(kernels_offered.get(sharding.sharding_type, ()))} on the device")
-        problem = _layout_problem(case, table, sharding)
+        problem = _layout_problem(case, table, sharding) or (placement_problem(case, sharding, device) if device else None)
         if problem:
             problems.append(f"table {table.name!r} ({sharding.sharding_type}): {problem}")
     return problems
