@@ -11,6 +11,8 @@ mc_cases.py          the remapper against the model; MC-EC/EBC against the remap
 mc_sharded_cases.py  an MC-EBC sharded row-wise: each shard's remapper against the model, a hand lookup
 pool_reference.py    what TensorPool and KeyedJaggedTensorPool keep (a pure-Python model)
 pool_cases.py        the pools, unsharded and sharded row-wise, updated and looked up against the model
+position_cases.py    the position-weighted feature processors against their weights by hand
+config_cases.py      the embedding configs and the modules' construction against what they mean
 known_broken.py      inputs torchrec gets wrong, run on purpose
 matrix.py            the gate entry
 plants.py            planted bugs

@@ -8,8 +8,13 @@ cases.py, draws.py, pinned.py   the cases: tables with constraints, hosts, batch
 planning.py                     the call to torchrec's planner
 plan_rules.py                   what a plan must be (the oracle of the plan itself)
 report_rules.py                 what the planner reports of its plan (stats table, storage estimates)
+report_summary.py               the stats table's critical path and top tables
 estimate_rules.py               what every option's perf and storage estimates must mean
 capacity.py, spread_case.py     near a GPU's memory; equal tables over hosts
+report_case.py                  the report on eight column-wise tables and a dense layer
+proposer_case.py                the proposers, and the planner's choice among their plans
+refusal_case.py                 the planner's refusals and what their messages owe
+memory_balance_case.py          the memory-balanced partitioner against its tolerance
 case_runner.py, matrix.py       one case, and the gate entry
 plants.py                       planted bugs in torchrec's planner
 """
