@@ -424,3 +424,21 @@ def test_a_wrong_critical_path_top_table_list_or_index_count_is_caught(many_tabl
     for wrong_row in (rows[dense].replace("HBM:", "DDR:").replace(", DDR:", ", HBM:"), re.sub(r"[0-9.]+ GB", "0.008 GB", rows[dense])):
         wrong_dense = rows[:dense] + [wrong_row] + rows[dense + 1:]
         assert any("dense storage" in p for p in report_case_problems(wrong_dense, best_plan, topology))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_weighted_table_estimated_no_more_than_unweighted_is_caught(device):
+    from paritykit.checks.planner.estimate_rules import weighted_problems
+    from paritykit.checks.planner.planning import enumerated
+
+    case = pinned_cases(2, 2)[0]
+    base, weighted = _traffic(device, 2.0, 1.0), enumerated(case, device, 512, False, (2.0, 1.0), weighted=True)
+    assert weighted_problems(base, weighted, device) == []
+    # The weights ignored (the weighted flag read as unset): every estimate the unweighted one's.
+    twin = next(o for o in weighted if o.sharding_type == "table_wise")
+    plain = next(o for o in base if (o.name, o.sharding_type, o.compute_kernel, len(o.shards)) ==
+                 (twin.name, twin.sharding_type, twin.compute_kernel, len(twin.shards)))
+    for heavy, light in zip(twin.shards, plain.shards):
+        heavy.perf = light.perf
+    problems = weighted_problems(base, weighted, device)
+    assert len(problems) == 1 and "estimated no more with its features weighted" in problems[0], problems

@@ -43,7 +43,8 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
 - the topology's ``bwd_compute_multiplier`` (the backward's compute as a multiple of the forward's)
   doubled doubles every unweighted shard's backward compute and moves nothing else;
 - a weighted feature does everything an unweighted one does and more (its weights read, multiplied
-  and differentiated): no component estimates less for the same table weighted;
+  and differentiated): no component estimates less for the same table weighted, and all of them
+  together more;
 - and a shard holds at most that: its weights (twice them with a cache), plus what every rank's batch
   can send it and get back for its features: the ids (8 bytes each; a weighted feature's weights as
   many again) and the output vectors of its columns (float32 at most; one per bag, or per id for a
@@ -365,10 +366,22 @@ def cache_problems(options: list[Any], device: str, load_factor: float) -> list[
 
 
 def weighted_problems(unweighted: list[Any], weighted: list[Any], device: str) -> list[str]:
-    """Perf components estimated less for the tables weighted than unweighted (the storage estimator
-    does not count a weighted feature's weights: no rule on storage here)."""
-    return _ratio_problems(unweighted, weighted, device, "the features weighted",
-                           lambda option, component, before: (before, math.inf))
+    """Perf components estimated less for the tables weighted than unweighted, or no more in all (a weighted
+    feature's weights are read, multiplied and differentiated: more work; the storage estimator does not
+    count them: no rule on storage here)."""
+    problems = _ratio_problems(unweighted, weighted, device, "the features weighted",
+                               lambda option, component, before: (before, math.inf))
+    heavier = {_key(option): option for option in weighted}
+    for option in unweighted:
+        other = heavier.get(_key(option))
+        if other is None or problems:
+            continue
+        for shard, twin in zip(option.shards, other.shards):
+            if sum(getattr(twin.perf, c) for c in PERF_COMPONENTS) <= sum(getattr(shard.perf, c) for c in PERF_COMPONENTS):
+                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: estimated no more with its "
+                                f"features weighted ({twin.perf}) than unweighted ({shard.perf})")
+                break
+    return problems
 
 
 def _held_by(shard: Any) -> int:
