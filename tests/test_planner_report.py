@@ -232,7 +232,8 @@ def test_backward_compute_follows_the_topologys_multiplier_and_a_changed_one_is_
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(device):
-    from paritykit.checks.planner.estimate_rules import compute_floor, floor_problems, storage_floor, weighted_problems
+    from paritykit.checks.planner.estimate_floors import compute_floor, floor_problems, storage_floor
+    from paritykit.checks.planner.estimate_rules import weighted_problems
     from paritykit.checks.planner.planning import enumerated, topology
 
     case = pinned_cases(2, 2)[0]
@@ -251,7 +252,7 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
     problems = floor_problems(base, device, topo)
     assert len(problems) == 2 and "storage" in problems[1] and "output vectors" in problems[1], problems
     # A forward estimated in bytes, not milliseconds: beyond the ceiling.
-    from paritykit.checks.planner.estimate_rules import compute_ceiling_problems
+    from paritykit.checks.planner.estimate_floors import compute_ceiling_problems
 
     assert compute_ceiling_problems(base, device, topo) == []
     estimated = shard.perf
@@ -267,7 +268,7 @@ def test_compute_below_the_bytes_moved_or_less_for_weighted_features_is_caught(d
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_an_input_distribution_faster_than_its_ids_can_travel_is_caught(device):
-    from paritykit.checks.planner.estimate_rules import floor_problems, input_dist_floor
+    from paritykit.checks.planner.estimate_floors import floor_problems, input_dist_floor
     from paritykit.checks.planner.planning import topology
 
     case = pinned_cases(2, 2)[0]

@@ -10,6 +10,7 @@ plan_rules.py                   what a plan must be (the oracle of the plan itse
 report_rules.py                 what the planner reports of its plan (stats table, storage estimates)
 report_summary.py               the stats table's critical path and top tables
 estimate_rules.py               what every option's perf and storage estimates must mean
+estimate_floors.py              a shard's floors and ceilings (bytes moved at the topology's bandwidths)
 capacity.py, spread_case.py     near a GPU's memory; equal tables over hosts
 report_case.py                  the report on eight column-wise tables and a dense layer
 proposer_case.py                the proposers, and the planner's choice among their plans

@@ -26,18 +26,10 @@ only: nothing runs on a GPU), at the planner's default batch size and at twice t
 - a placement holds each row of its table once (a data-parallel table once per rank): with no
   optimizer state to hold, doubling the rows adds exactly their bytes to its shards together, and at
   least that with a cache in front of them (the UVM-caching kernel);
-- a shard's compute reads at least what its step needs, at the fastest memory bandwidth the topology
-  gives the device: the ids it looks up (4 bytes each at least), their rows' columns (the table's
-  element size), and the vectors it writes (one per bag, or per id for a sequence table), each way
-  (the backward reads the output's gradient and writes the rows); a shard of rows looks up its share
-  of every rank's ids (of the rows, or of the row blocks the table is cut into: the smaller), a
-  data-parallel table its own rank's; and its storage holds at least its weights, those ids and
-  those vectors;
-- the input distribution to a shard (a data-parallel table has none) takes at least the time to
-  receive the other ranks' share of its step's ids (4 bytes each) at the fastest link between ranks;
-- and at most CEILING_SLACK (1000) times the time to move every byte its step could touch (int64
-  ids with weights, rows and output vectors at float32, 32 columns at least) at the slowest bandwidth
-  the topology declares: any calibration passes, a time in another unit does not;
+- a shard's floors and ceilings (estimate_floors.py): its compute reads at least what its step needs at
+  the fastest bandwidth the topology declares, its storage holds its weights, ids and output vectors,
+  its input distribution receives the other ranks' ids at the fastest link; its compute takes at most
+  a thousand times moving every byte its step could touch at the slowest bandwidth;
 - a UVM cache holds the user's load factor of its table's rows in HBM: a caching shard's HBM exceeds
   the same shard's without a cache (UVM) by at least that share of its weights;
 - the topology's ``bwd_compute_multiplier`` (the backward's compute as a multiple of the forward's)
@@ -64,7 +56,7 @@ PERF_COMPONENTS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "pref
 LINEAR_TOLERANCE = 1e-9
 
 
-def _option_name(option: Any, device: str) -> str:
+def option_name(option: Any, device: str) -> str:
     return f"table {option.name!r} {option.sharding_type}/{option.compute_kernel} on {device}"
 
 
@@ -77,7 +69,7 @@ def _storage_least(option: Any, shard: Any) -> int:
 def output_problems(options: list[Any], device: str, module: str) -> list[str]:
     """Each option pooled exactly when its module is an EmbeddingBagCollection."""
     pooled = module == "ebc"
-    return [f"{_option_name(option, device)}: is_pooled is {option.is_pooled}, its module ({module}) "
+    return [f"{option_name(option, device)}: is_pooled is {option.is_pooled}, its module ({module}) "
             f"{'pools its bags' if pooled else 'returns sequences'}" for option in options if option.is_pooled != pooled][:1]
 
 
@@ -87,14 +79,14 @@ def single_problems(options: list[Any], device: str) -> list[str]:
     problems = []
     for option in options:
         for shard in option.shards:
-            where = f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}"
+            where = f"{option_name(option, device)}, shard {shard.size} at {shard.offset}"
             if shard.perf is None or shard.storage is None:
                 problems.append(f"{where}: no perf or storage estimate")
                 continue
             bad = [c for c in PERF_COMPONENTS if not math.isfinite(getattr(shard.perf, c)) or getattr(shard.perf, c) < 0]
             if bad:
                 problems.append(f"{where}: perf {', '.join(f'{c}={getattr(shard.perf, c)}' for c in bad)}")
-            held, least = _held_by(shard), _storage_least(option, shard)
+            held, least = held_by(shard), _storage_least(option, shard)
             if held < least:
                 problems.append(f"{where}: storage {held} bytes, less than its weights"
                                 + (" and one rank's pooled output" if option.is_pooled else "") + f" ({least} bytes)")
@@ -121,7 +113,7 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
         other = doubled.get(_key(option))
         if other is None or [s.size[0] for s in other.shards] != [s.size[0] for s in option.shards]:
             if not reshaped_ok:
-                problems.append(f"{_option_name(option, device)}: proposed before {what}, not after")
+                problems.append(f"{option_name(option, device)}: proposed before {what}, not after")
             continue
         for shard, twice in zip(option.shards, other.shards):
             for component in PERF_COMPONENTS:
@@ -133,7 +125,7 @@ def _ratio_problems(single: list[Any], double: list[Any], device: str, what: str
                 slack = LINEAR_TOLERANCE * max(abs(v) for v in (low, high, after) if math.isfinite(v))  # high may be unbounded
                 if not low - slack <= after <= high + slack:
                     want = f"{low}" if low == high else f"at least {low}" if high == math.inf else f"between {low} and {high}"
-                    problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
+                    problems.append(f"{option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} "
                                     f"{before}, then {after} with {what} (expected {want})")
     return problems
 
@@ -192,7 +184,7 @@ def num_poolings_problems(single: list[Any], double: list[Any], device: str) -> 
 
 
 def _held(option: Any) -> int:
-    return sum(_held_by(shard) for shard in option.shards)
+    return sum(held_by(shard) for shard in option.shards)
 
 
 def rows_problems(single: list[Any], double: list[Any], device: str, world_size: int) -> list[str]:
@@ -203,7 +195,7 @@ def rows_problems(single: list[Any], double: list[Any], device: str, world_size:
     for option in single:
         other = doubled.get(_key(option))
         if other is None:
-            problems.append(f"{_option_name(option, device)}: proposed before the rows doubled, not after")
+            problems.append(f"{option_name(option, device)}: proposed before the rows doubled, not after")
             continue
         rows, columns = option.tensor.shape
         copies = world_size if option.sharding_type == "data_parallel" else 1
@@ -212,7 +204,7 @@ def rows_problems(single: list[Any], double: list[Any], device: str, world_size:
         rounding = 2 * len(option.shards)  # each shard's size is rounded up to a byte
         cached = option.compute_kernel == "fused_uvm_caching"
         if grown < added - rounding or (not cached and grown > added + rounding):
-            problems.append(f"{_option_name(option, device)}: {rows} more rows of {columns} columns added {grown} bytes to its "
+            problems.append(f"{option_name(option, device)}: {rows} more rows of {columns} columns added {grown} bytes to its "
                             f"{len(option.shards)} shard(s) together, expected {'at least ' if cached else ''}{added}"
                             + (f" ({copies} copies)" if copies > 1 else ""))
     return problems
@@ -233,116 +225,9 @@ def ceiling_problems(options: list[Any], device: str, world_size: int) -> list[s
             rows, columns = shard.size
             weights = rows * columns * element * (2 if option.compute_kernel == "fused_uvm_caching" else 1)
             most = weights + world_size * (ids + vectors * columns * OUTPUT_BYTES)
-            if _held_by(shard) > most:
-                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: storage "
-                                f"{_held_by(shard)} bytes, more than its weights and every rank's ids and outputs ({most})")
-    return problems
-
-
-MIN_ID_BYTES = 4  # int32 ids, the narrowest torchrec's kernels take
-
-
-def fastest_bandwidth(topology: Any, device: str) -> float:
-    """The fastest memory bandwidth the topology declares for ``device``'s ranks (bytes per ms)."""
-    if device == "cpu":
-        return topology.ddr_mem_bw
-    return max(topology.hbm_mem_bw, topology.ddr_mem_bw, topology.hbm_to_ddr_mem_bw)
-
-
-def _samples_served(option: Any, shard: Any, world_size: int) -> float:
-    """The samples whose ids reach a shard in a step: every rank's batch (a data-parallel table: its
-    own rank's) times the shard's share of their ids (its rows' share, or one row block's: the smaller)."""
-    served = 1 if option.sharding_type == "data_parallel" else world_size
-    blocks = sum(1 for other in option.shards if other.offset[1] == shard.offset[1])
-    return option.batch_size * served * min(shard.size[0] / option.tensor.shape[0], 1 / blocks)
-
-
-def step_traffic(option: Any, shard: Any, world_size: int) -> tuple[float, float]:
-    """(ids, output vectors) of the shard's step: the ids it looks up and the vectors it writes."""
-    polls = option.num_poolings or [1.0] * option.num_inputs
-    samples = _samples_served(option, shard, world_size)
-    ids = samples * sum(length * bags for length, bags in zip(option.input_lengths, polls))
-    return ids, (samples * sum(polls) if option.is_pooled else ids)
-
-
-def compute_floor(option: Any, shard: Any, topology: Any, device: str) -> float:
-    """The least time (ms) the shard's step can take to read its ids, their rows' columns and write its
-    output vectors at the fastest bandwidth the topology declares."""
-    ids, vectors = step_traffic(option, shard, topology.world_size)
-    return (ids * MIN_ID_BYTES + (ids + vectors) * shard.size[1] * option.tensor.element_size()) / fastest_bandwidth(topology, device)
-
-
-def storage_floor(option: Any, shard: Any, world_size: int) -> float:
-    """The least bytes a shard holds: its weights, the ids its step receives and the vectors it outputs."""
-    ids, vectors = step_traffic(option, shard, world_size)
-    rows, columns = shard.size
-    element = option.tensor.element_size()
-    return rows * columns * element + ids * MIN_ID_BYTES + vectors * columns * element
-
-
-def input_dist_floor(option: Any, shard: Any, topology: Any) -> float:
-    """The least time (ms) the input distribution to a shard takes: the ids the other ranks send it (its
-    step's ids but its own rank's share), MIN_ID_BYTES each, at the fastest link between ranks."""
-    ids, _ = step_traffic(option, shard, topology.world_size)
-    return ids * (topology.world_size - 1) / topology.world_size * MIN_ID_BYTES / max(topology.intra_host_bw, topology.inter_host_bw)
-
-
-def floor_problems(options: list[Any], device: str, topology: Any) -> list[str]:
-    """Shards whose forward or backward compute is less than the bytes its step must move at the
-    fastest bandwidth the topology declares, or whose storage is less than its weights and its step's
-    ids and output vectors."""
-    problems = []
-    for option in options:
-        for shard in option.shards:
-            where = f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}"
-            ids, vectors = step_traffic(option, shard, topology.world_size)
-            least = compute_floor(option, shard, topology, device)
-            for component in ("fwd_compute", "bwd_compute"):
-                found = getattr(shard.perf, component)
-                if found < least * (1 - LINEAR_TOLERANCE):
-                    problems.append(f"{where}: {component} {found} ms, less than reading its {ids:g} ids and their rows and "
-                                    f"writing {vectors:g} output vectors takes at {fastest_bandwidth(topology, device):g} bytes/ms ({least} ms)")
-            if option.sharding_type != "data_parallel" and hasattr(shard.perf, "input_dist_comms"):
-                least_sent = input_dist_floor(option, shard, topology)
-                if shard.perf.input_dist_comms < least_sent * (1 - LINEAR_TOLERANCE):
-                    problems.append(f"{where}: input_dist_comms {shard.perf.input_dist_comms} ms, less than the other ranks' "
-                                    f"{ids * (topology.world_size - 1) / topology.world_size:g} ids it receives take at the fastest "
-                                    f"bandwidth between ranks the topology declares ({least_sent} ms)")
-            held, least_held = _held_by(shard), storage_floor(option, shard, topology.world_size)
-            if held < least_held:
-                problems.append(f"{where}: storage {held} bytes, less than its weights, its step's {ids:g} ids and "
-                                f"{vectors:g} output vectors ({least_held:.0f} bytes)")
-    return problems
-
-
-# The most a step's compute may take, over the time to move every byte it could touch at the slowest
-# bandwidth the topology declares: three orders of magnitude for any calibration (torchrec's UVM
-# kernels run at a tenth of the host link, its block penalties below 2); a time in the wrong unit is
-# off by seven.
-CEILING_SLACK = 1000
-MAX_ID_BYTES, MIN_LOOKUP_COLUMNS = 16, 32  # an int64 id and its float64 weight; kernels read 32 columns at least
-
-
-def slowest_bandwidth(topology: Any) -> float:
-    return min(b for b in (topology.hbm_mem_bw, topology.ddr_mem_bw, topology.hbm_to_ddr_mem_bw, getattr(topology, "ssd_mem_bw", None)) if b)
-
-
-def compute_ceiling_problems(options: list[Any], device: str, topology: Any) -> list[str]:
-    """Shards whose forward or backward compute exceeds CEILING_SLACK times moving every byte its step
-    could touch (ids with weights, its rows and output vectors at float32, 32 columns at least) at
-    the slowest bandwidth the topology declares."""
-    problems = []
-    bandwidth = slowest_bandwidth(topology)
-    for option in options:
-        for shard in option.shards:
-            ids, vectors = step_traffic(option, shard, topology.world_size)
-            most = CEILING_SLACK * (ids * MAX_ID_BYTES + (ids + vectors) * max(shard.size[1], MIN_LOOKUP_COLUMNS) * OUTPUT_BYTES) / bandwidth
-            for component in ("fwd_compute", "bwd_compute"):
-                found = getattr(shard.perf, component)
-                if found > most:
-                    problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: {component} {found} ms, more than "
-                                    f"{CEILING_SLACK} times moving its step's {ids:g} ids, their rows and {vectors:g} output vectors at the "
-                                    f"slowest bandwidth the topology declares, {bandwidth:g} bytes/ms ({most} ms)")
+            if held_by(shard) > most:
+                problems.append(f"{option_name(option, device)}, shard {shard.size} at {shard.offset}: storage "
+                                f"{held_by(shard)} bytes, more than its weights and every rank's ids and outputs ({most})")
     return problems
 
 
@@ -360,7 +245,7 @@ def cache_problems(options: list[Any], device: str, load_factor: float) -> list[
             cache = math.floor(load_factor * rows * columns * option.tensor.element_size())
             added = shard.storage.hbm - without.storage.hbm
             if added < cache:
-                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: its cache adds {added} "
+                problems.append(f"{option_name(option, device)}, shard {shard.size} at {shard.offset}: its cache adds {added} "
                                 f"bytes of hbm to the uncached shard's, less than the load factor {load_factor} of its weights ({cache})")
     return problems
 
@@ -378,13 +263,13 @@ def weighted_problems(unweighted: list[Any], weighted: list[Any], device: str) -
             continue
         for shard, twin in zip(option.shards, other.shards):
             if sum(getattr(twin.perf, c) for c in PERF_COMPONENTS) <= sum(getattr(shard.perf, c) for c in PERF_COMPONENTS):
-                problems.append(f"{_option_name(option, device)}, shard {shard.size} at {shard.offset}: estimated no more with its "
+                problems.append(f"{option_name(option, device)}, shard {shard.size} at {shard.offset}: estimated no more with its "
                                 f"features weighted ({twin.perf}) than unweighted ({shard.perf})")
                 break
     return problems
 
 
-def _held_by(shard: Any) -> int:
+def held_by(shard: Any) -> int:
     return shard.storage.hbm + shard.storage.ddr + getattr(shard.storage, "ssd", 0)
 
 
@@ -409,6 +294,6 @@ def degenerate_problems(options: list[Any], device: str, one_host: bool) -> list
             found, expected = _estimates(kinds[kind]), _estimates(kinds[equal])
             if len(found) != len(expected) or any(not math.isclose(a, b, rel_tol=LINEAR_TOLERANCE) for x, y in zip(found, expected)
                                                   for a, b in zip(x[:-1], y[:-1])):
-                problems.append(f"{_option_name(kinds[kind], device)} is the {equal} placement of the table "
+                problems.append(f"{option_name(kinds[kind], device)} is the {equal} placement of the table "
                                 f"({len(found)} shard(s)), estimated {found[:2]}, {equal} estimated {expected[:2]}")
     return problems

@@ -9,10 +9,11 @@ import dataclasses
 from typing import Any
 
 from paritykit.checks.planner.cases import PlannerCase, model_fn
+from paritykit.checks.planner.estimate_floors import compute_ceiling_problems, floor_problems
 from paritykit.checks.planner.estimate_rules import (batch_problems, bwd_multiplier_problems, cache_problems, ceiling_problems,
-                                                     columns_problems, compute_ceiling_problems, degenerate_problems,
-                                                     floor_problems, num_poolings_problems, pooling_factor_problems,
-                                                     output_problems, rows_problems, single_problems, weighted_problems)
+                                                     columns_problems, degenerate_problems, num_poolings_problems,
+                                                     output_problems, pooling_factor_problems, rows_problems, single_problems,
+                                                     weighted_problems)
 from paritykit.checks.planner.report_rules import captured_stats_table, recorder, report_problems, storage_per_rank
 from paritykit.harness.noise import quiet_planner
 
