@@ -54,10 +54,11 @@ A sample is (prediction p, label l, weight w), l in {0, 1}. With sums over the h
                   scores, over every sample's weight (undefined when that is 0), for k = 1 .. the classes
     tensor weighted_avg = sum w*x / sum w, or the plain mean of x for a task not weighted, x a tensor of the
                   model's outputs other than the predictions (paritykit feeds x = 1 - p)
-where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). In NE, logloss, NE positive, unweighted, serving and
-segmented NE, and the calibration-free NE's cross entropy, p and NE's base rate m are clamped to [1e-12, 1 - 1e-12]
-(torchrec's eta): a saturated prediction or a window of one label gives a finite value, not log2(0). RAUC and XAUC take labels in [0, 1] (a
-regression target), num_missing_labels NaN among them.
+where pos = sum w*l, neg = sum w*(1-l), t the threshold (0.5). In NE, logloss, NE positive, unweighted,
+serving and segmented NE, and the calibration-free NE's cross entropy, p and NE's base rate m are clamped
+to [1e-12, 1 - 1e-12] (torchrec's eta): a saturated prediction or a window of one label gives a finite
+value, not log2(0). RAUC and XAUC take labels in [0, 1] (a regression target), num_missing_labels NaN
+among them.
 
 Which samples a value is over: *lifetime* every sample given; *window* (torchrec's window_size, per
 rank ceil(window_size / world_size) = W): for the state metrics the most recent whole batches whose
