@@ -34,9 +34,18 @@ MOST_PROPOSALS = 5000
 GRID_OPTIONS = 3
 
 
-def search_space() -> tuple[list[Any], Any]:
+def module() -> Any:
+    """The case's EBC of TABLES on the meta device."""
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    return EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=columns, feature_names=[f"f{i}"])
+                                   for i, (rows, columns) in enumerate(TABLES)], device=torch.device("meta"))
+
+
+def search_space(constraints: dict[str, Any] | None = None) -> tuple[list[Any], Any]:
+    """The options torchrec's enumerator estimates for the case's tables on two GPU ranks (under
+    ``constraints``), and that topology."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.sharding_plan import get_default_sharders
@@ -44,12 +53,12 @@ def search_space() -> tuple[list[Any], Any]:
     from paritykit.checks.planner.planning import topology_of
     from paritykit.harness.noise import quiet_planner
 
-    module = EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=columns, feature_names=[f"f{i}"])
-                                     for i, (rows, columns) in enumerate(TABLES)], device=torch.device("meta"))
     with quiet_planner():
         topology = topology_of(WORLD_SIZE, WORLD_SIZE, "cuda")
-        estimators = [EmbeddingPerfEstimator(topology=topology), EmbeddingStorageEstimator(topology=topology)]
-        options = EmbeddingEnumerator(topology=topology, batch_size=512, estimator=estimators).enumerate(module, get_default_sharders())
+        estimators = [EmbeddingPerfEstimator(topology=topology, constraints=constraints),
+                      EmbeddingStorageEstimator(topology=topology, constraints=constraints)]
+        options = EmbeddingEnumerator(topology=topology, batch_size=512, estimator=estimators,
+                                      constraints=constraints).enumerate(module(), get_default_sharders())
     return options, topology
 
 
@@ -195,13 +204,9 @@ def planner_choice_problems() -> list[str]:
     import copy
     import itertools
 
-    import torch
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
     from torchrec.distributed.planner.proposers import GridSearchProposer
-    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -209,21 +214,14 @@ def planner_choice_problems() -> list[str]:
     from paritykit.checks.planner.report_rules import recorder
     from paritykit.harness.noise import quiet_planner
 
-    def module() -> Any:
-        return EmbeddingBagCollection([EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=columns, feature_names=[f"f{i}"])
-                                       for i, (rows, columns) in enumerate(TABLES)], device=torch.device("meta"))
-
     constraints = {f"t{i}": ParameterConstraints(sharding_types=["table_wise", "row_wise", "column_wise"], compute_kernels=["fused"])
                    for i in range(len(TABLES))}
+    options, topology = search_space(constraints)
     with quiet_planner():
-        topology = topology_of(WORLD_SIZE, WORLD_SIZE, "cuda")
-        estimators = [EmbeddingPerfEstimator(topology=topology, constraints=constraints),
-                      EmbeddingStorageEstimator(topology=topology, constraints=constraints)]
-        options = EmbeddingEnumerator(topology=topology, batch_size=512, estimator=estimators,
-                                      constraints=constraints).enumerate(module(), get_default_sharders())
         ratings = [rating(GreedyPerfPartitioner().partition(copy.deepcopy(list(combination)), topology), WORLD_SIZE)
                    for combination in itertools.product(*_by_table(options).values())]
         chosen = recorder()
+        # A topology of its own: the planner reserves storage on the one it is given.
         EmbeddingShardingPlanner(topology=topology_of(WORLD_SIZE, WORLD_SIZE, "cuda"), constraints=constraints, proposer=GridSearchProposer(),
                                  stats=[chosen]).plan(module(), get_default_sharders())
     if chosen.best_plan is None:
